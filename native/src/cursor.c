@@ -1,0 +1,230 @@
+/*
+ * cursor.c -- one request's drafting state.
+ *
+ * A cursor holds the request's context (the last max_depth tokens in a
+ * ring), an optional per-request tree whose single open sequence IS the
+ * context, and an incremental match state against the last global tree it
+ * drafted from.
+ *
+ * Per-request tree: the open sequence already keeps the endpoint node of
+ * each of its windows shorter than max_depth, and the window of length p
+ * ending at the context's end spells exactly the pattern of length p.  So
+ * the match points of all patterns come for free from that ring: no walk.
+ *
+ * Global tree: gloc[p] is the point of the pattern of length p, for
+ * p = 1..gm (patterns are suffix-closed: if length p occurs, so does every
+ * shorter one).  A new context token t turns gloc[p] into gloc'[p+1] =
+ * step(gloc[p], t) and adds gloc'[1] = step(root, t): O(gm) per token, no
+ * re-walk per p.  Points name a node plus its generation; a node that was
+ * freed since (eviction, merge) fails the generation check and the state is
+ * rebuilt from the last max_depth tokens.  A split above a point's node is
+ * repaired by climbing to the ancestor whose edge holds the point.  If the
+ * tree grew since the last sync, patterns longer than gm may now occur;
+ * they are tried by root walks until the first miss.
+ */
+#include <string.h>
+
+#include "alloc.h"
+#include "draft_internal.h"
+
+typedef struct gpoint {
+    uint32_t node, gen, x;
+} gpoint;
+
+struct as_cursor {
+    uint64_t bytes;
+    uint32_t max_depth; /* ring size; patterns are at most max_depth - 1 long */
+    uint32_t flags;
+    as_tree *local;
+    int32_t *hist;
+    uint64_t len;
+    /* global match state */
+    uint64_t g_uid, g_grow, g_pos;
+    uint32_t g_m;
+    gpoint *g_loc, *g_tmp;
+    point *pts[2]; /* candidate points handed to draft_select */
+    scratch sc;
+};
+
+#define LOCAL_SEQ 0
+
+as_cursor *as_cursor_create(uint32_t max_depth, uint32_t flags, int *status) {
+    int rc = AS_OK;
+    as_cursor *c = NULL;
+    if (max_depth < 2 || max_depth > AS_MAX_DEPTH_LIMIT || (flags & ~AS_CURSOR_LOCAL_TREE)) {
+        rc = AS_ERR_INVALID_ARG;
+        goto out;
+    }
+    uint64_t bytes = 0;
+    c = as_xcalloc(&bytes, 1, sizeof *c);
+    if (c == NULL) {
+        rc = AS_ERR_NOMEM;
+        goto out;
+    }
+    as_handle_opened();
+    c->bytes = bytes;
+    c->max_depth = max_depth;
+    c->flags = flags;
+    c->sc.acct = &c->bytes;
+    c->hist = as_xmalloc(&c->bytes, sizeof(int32_t) * max_depth);
+    c->g_loc = as_xmalloc(&c->bytes, sizeof(gpoint) * (max_depth + 1));
+    c->g_tmp = as_xmalloc(&c->bytes, sizeof(gpoint) * (max_depth + 1));
+    c->pts[0] = as_xmalloc(&c->bytes, sizeof(point) * (max_depth + 1));
+    c->pts[1] = as_xmalloc(&c->bytes, sizeof(point) * (max_depth + 1));
+    if (!c->hist || !c->g_loc || !c->g_tmp || !c->pts[0] || !c->pts[1]) rc = AS_ERR_NOMEM;
+    if (rc == AS_OK && (flags & AS_CURSOR_LOCAL_TREE)) {
+        c->local = as_tree_create(max_depth, &rc);
+        if (rc == AS_OK) rc = as_tree_append(c->local, LOCAL_SEQ, NULL, 0);
+    }
+    if (rc != AS_OK) {
+        as_cursor_free(c);
+        c = NULL;
+    }
+out:
+    if (status) *status = rc;
+    return c;
+}
+
+void as_cursor_free(as_cursor *c) {
+    if (c == NULL) return;
+    as_tree_free(c->local);
+    uint64_t *acct = &c->bytes;
+    scratch_free(&c->sc);
+    as_xfree(acct, c->hist, sizeof(int32_t) * c->max_depth);
+    as_xfree(acct, c->g_loc, sizeof(gpoint) * (c->max_depth + 1));
+    as_xfree(acct, c->g_tmp, sizeof(gpoint) * (c->max_depth + 1));
+    as_xfree(acct, c->pts[0], sizeof(point) * (c->max_depth + 1));
+    as_xfree(acct, c->pts[1], sizeof(point) * (c->max_depth + 1));
+    uint64_t self = 0;
+    as_xfree(&self, c, sizeof *c);
+    as_handle_closed();
+}
+
+int as_cursor_extend(as_cursor *c, const int32_t *tokens, size_t n) {
+    if (c == NULL || (tokens == NULL && n > 0)) return AS_ERR_INVALID_ARG;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0) return AS_ERR_INVALID_TOKEN;
+    if (c->local != NULL) {
+        int rc = as_tree_append(c->local, LOCAL_SEQ, tokens, n);
+        if (rc != AS_OK) {
+            /* keep the history in step with whatever prefix the tree took */
+            uint64_t len = 0;
+            (void)as_tree_seq_len(c->local, LOCAL_SEQ, &len);
+            n = (size_t)(len - c->len);
+            for (size_t i = 0; i < n; i++) c->hist[(c->len + i) % c->max_depth] = tokens[i];
+            c->len += n;
+            return rc;
+        }
+    }
+    for (size_t i = 0; i < n; i++) c->hist[(c->len + i) % c->max_depth] = tokens[i];
+    c->len += n;
+    return AS_OK;
+}
+
+uint64_t as_cursor_len(const as_cursor *c) { return c ? c->len : 0; }
+
+const as_tree *as_cursor_local_tree(const as_cursor *c) { return c ? c->local : NULL; }
+
+static inline int32_t ctx_at(const as_cursor *c, uint64_t i) { return c->hist[i % c->max_depth]; }
+
+/* Is a cached point still valid?  Repairs splits in place. */
+static int gpoint_fix(const as_tree *t, gpoint *g) {
+    if (g->node >= t->node_hw) return 0;
+    const node *n = N(t, g->node);
+    if ((n->flags & NF_FREE) || n->gen != g->gen || g->x > n->depth) return 0;
+    while (g->node != ROOT && g->x <= N(t, n->parent)->depth) {
+        g->node = n->parent;
+        n = N(t, g->node);
+        g->gen = n->gen;
+    }
+    return 1;
+}
+
+static int gstep(const as_tree *t, const gpoint *from, int32_t tok, gpoint *to) {
+    point p = {from->node, from->x}, q;
+    if (point_step(t, p, tok, &q) != 0) return 0;
+    to->node = q.node;
+    to->x = q.x;
+    to->gen = N(t, q.node)->gen;
+    return 1;
+}
+
+/* Feed one context token at index i (already in hist) to the global state. */
+static void gfeed(as_cursor *c, const as_tree *t, uint32_t pmax, int32_t tok) {
+    gpoint root = {ROOT, N(t, ROOT)->gen, 0};
+    uint32_t m = 0;
+    if (gstep(t, &root, tok, &c->g_tmp[1])) {
+        m = 1;
+        for (uint32_t p = 1; p <= c->g_m && p + 1 <= pmax; p++) {
+            if (!gstep(t, &c->g_loc[p], tok, &c->g_tmp[p + 1])) break;
+            m = p + 1;
+        }
+    }
+    gpoint *swap = c->g_loc;
+    c->g_loc = c->g_tmp;
+    c->g_tmp = swap;
+    c->g_m = m;
+}
+
+static void gsync(as_cursor *c, const as_tree *t) {
+    uint32_t pmax = (t->max_depth < c->max_depth ? t->max_depth : c->max_depth) - 1;
+    int full = c->g_uid != t->uid || c->g_pos > c->len || c->len - c->g_pos > pmax;
+    for (uint32_t p = 1; !full && p <= c->g_m; p++)
+        if (!gpoint_fix(t, &c->g_loc[p])) full = 1;
+    uint64_t from = c->g_pos;
+    if (full) {
+        c->g_m = 0;
+        from = c->len > pmax ? c->len - pmax : 0;
+    }
+    for (uint64_t i = from; i < c->len; i++) gfeed(c, t, pmax, ctx_at(c, i));
+    if (!full && c->g_grow != t->grow_epoch) {
+        /* the tree may now hold longer patterns: try them until the first miss */
+        for (uint32_t p = c->g_m + 1; p <= pmax && p <= c->len; p++) {
+            gpoint g = {ROOT, N(t, ROOT)->gen, 0};
+            uint32_t i = 0;
+            for (; i < p; i++)
+                if (!gstep(t, &g, ctx_at(c, c->len - p + i), &g)) break;
+            if (i < p) break;
+            c->g_loc[p] = g;
+            c->g_m = p;
+        }
+    }
+    c->g_uid = t->uid;
+    c->g_grow = t->grow_epoch;
+    c->g_pos = c->len;
+}
+
+int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params, as_draft_out *out) {
+    if (c == NULL || out == NULL) return AS_ERR_INVALID_ARG;
+    int rc = draft_params_check(params);
+    if (rc != AS_OK) return rc;
+    if (out->tokens == NULL || out->parents == NULL || out->probs == NULL) return AS_ERR_INVALID_ARG;
+    if (out->cap < params->max_spec_tokens) return AS_ERR_CAPACITY;
+    candidates cand;
+    memset(&cand, 0, sizeof cand);
+    if (global != NULL && !(params->flags & AS_DRAFT_NO_GLOBAL)) {
+        gsync(c, global);
+        cand.tree[0] = global;
+        cand.pts[0] = c->pts[0];
+        cand.plen_max[0] = c->g_m;
+        for (uint32_t p = 1; p <= c->g_m; p++) {
+            c->pts[0][p].node = c->g_loc[p].node;
+            c->pts[0][p].x = c->g_loc[p].x;
+        }
+    }
+    if (c->local != NULL && !(params->flags & AS_DRAFT_NO_LOCAL)) {
+        uint32_t si = tree_seq_index(c->local, LOCAL_SEQ);
+        uint32_t m = 0;
+        for (uint32_t p = 1; p < c->max_depth && p <= c->len; p++) {
+            uint32_t e = tree_open_endpoint(c->local, si, p);
+            if (e == NIL) break;
+            c->pts[1][p].node = e;
+            c->pts[1][p].x = p;
+            m = p;
+        }
+        cand.tree[1] = c->local;
+        cand.pts[1] = c->pts[1];
+        cand.plen_max[1] = m;
+    }
+    return draft_select(&c->sc, &cand, params, out);
+}

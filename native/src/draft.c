@@ -1,0 +1,530 @@
+/*
+ * draft.c -- growing and choosing drafts (SuffixDecoding).
+ *
+ * Input: for every pattern length p, a match point in the global tree
+ * and/or the per-request tree (found by cursor.c incrementally, or by a
+ * fresh walk in as_draft_context).  A point whose string has no
+ * continuation is not a candidate -- which is why the context's own
+ * occurrence in the per-request tree never matches: it ends the sequence.
+ *
+ * Growing.  D(match point) = 1 and D(child) = D(parent) * count(child) /
+ * sum of the counts of the parent's children.  A linear draft follows the
+ * most frequent child (ties: smaller token) while D >= min_token_prob; a
+ * tree draft pops the frontier entry with the largest D (ties: pushed
+ * first) and pushes its children in (count desc, token asc) order.  Inside
+ * a compressed edge there is exactly one child, so D is unchanged there.
+ * The draft for pattern length p holds at most
+ * B(p) = min(max_spec_tokens, floor(alpha * p + offset)) tokens.
+ *
+ * Choosing.  score = sum of D over the draft.  Candidates are tried from
+ * the longest pattern down; since a draft of b tokens scores at most b, a
+ * pattern whose bound min(B(p), depth room) cannot beat the best score so
+ * far is skipped without growing it.  Within a tree the longer pattern
+ * wins ties; between trees the per-request tree wins ties.  In merged mode
+ * both trees are walked together and counts are added per token, which is
+ * the same as drafting from one tree holding both trees' sequences.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "draft_internal.h"
+
+void as_draft_params_default(as_draft_params *p) {
+    if (p == NULL) return;
+    memset(p, 0, sizeof *p);
+    p->max_spec_tokens = 32;
+    p->alpha = 1.0;
+    p->offset = 0.0;
+    p->min_token_prob = 0.1;
+    p->min_score = 0.0;
+}
+
+int draft_params_check(const as_draft_params *p) {
+    if (p == NULL) return AS_ERR_INVALID_ARG;
+    if (p->max_spec_tokens < 1 || p->max_spec_tokens > AS_MAX_SPEC_LIMIT) return AS_ERR_INVALID_ARG;
+    if (!isfinite(p->alpha) || !isfinite(p->offset) || !isfinite(p->min_score)) return AS_ERR_INVALID_ARG;
+    if (!(p->min_token_prob >= 0.0 && p->min_token_prob <= 1.0)) return AS_ERR_INVALID_ARG;
+    if (p->flags & ~(uint32_t)(AS_DRAFT_TREE | AS_DRAFT_MERGE | AS_DRAFT_NO_LOCAL | AS_DRAFT_NO_GLOBAL))
+        return AS_ERR_INVALID_ARG;
+    if (p->max_pattern != 0 && p->min_pattern > p->max_pattern) return AS_ERR_INVALID_ARG;
+    return AS_OK;
+}
+
+void scratch_free(scratch *s) {
+    as_xfree(s->acct, s->conts, sizeof(cont) * (size_t)s->conts_cap);
+    as_xfree(s->acct, s->heap, sizeof(heap_ent) * (size_t)s->heap_cap);
+    as_xfree(s->acct, s->order, sizeof(cand_p) * (size_t)s->order_cap);
+    for (int i = 0; i < 2; i++) {
+        as_xfree(s->acct, s->tok[i], sizeof(int32_t) * (size_t)s->cap);
+        as_xfree(s->acct, s->par[i], sizeof(int32_t) * (size_t)s->cap);
+        as_xfree(s->acct, s->prob[i], sizeof(float) * (size_t)s->cap);
+    }
+    uint64_t *acct = s->acct;
+    memset(s, 0, sizeof *s);
+    s->acct = acct;
+}
+
+static int grow(uint64_t *acct, void **buf, uint32_t *cap, uint32_t need, size_t elem) {
+    if (need <= *cap) return AS_OK;
+    uint64_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    if (c > UINT32_MAX / 2) return AS_ERR_CAPACITY;
+    size_t bytes = as_mul_size((size_t)c, elem);
+    if (bytes == 0) return AS_ERR_CAPACITY;
+    void *p = as_xrealloc(acct, *buf, elem * (size_t)*cap, bytes);
+    if (p == NULL) return AS_ERR_NOMEM;
+    *buf = p;
+    *cap = (uint32_t)c;
+    return AS_OK;
+}
+
+static int scratch_drafts(scratch *s, uint32_t need) {
+    if (need <= s->cap) return AS_OK;
+    void *fresh[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t sizes[6] = {sizeof(int32_t), sizeof(int32_t), sizeof(float),
+                       sizeof(int32_t), sizeof(int32_t), sizeof(float)};
+    for (int i = 0; i < 6; i++) {
+        fresh[i] = as_xmalloc(s->acct, sizes[i] * need);
+        if (fresh[i] == NULL) {
+            for (int j = 0; j < i; j++) as_xfree(s->acct, fresh[j], sizes[j] * need);
+            return AS_ERR_NOMEM;
+        }
+    }
+    for (int i = 0; i < 2; i++) { /* contents need not survive: drafts are rebuilt per call */
+        as_xfree(s->acct, s->tok[i], sizeof(int32_t) * (size_t)s->cap);
+        as_xfree(s->acct, s->par[i], sizeof(int32_t) * (size_t)s->cap);
+        as_xfree(s->acct, s->prob[i], sizeof(float) * (size_t)s->cap);
+        s->tok[i] = fresh[3 * i];
+        s->par[i] = fresh[3 * i + 1];
+        s->prob[i] = fresh[3 * i + 2];
+    }
+    s->cap = need;
+    return AS_OK;
+}
+
+/* ---------- continuations ------------------------------------------- */
+
+/* Append the continuations of one side's point to sc->conts[*n..]. */
+static int enum_side(scratch *sc, const as_tree *t, point p, int side, uint32_t *n) {
+    const node *nd = N(t, p.node);
+    if (p.x < nd->depth) {
+        int rc = grow(sc->acct, (void **)&sc->conts, &sc->conts_cap, *n + 1, sizeof(cont));
+        if (rc != AS_OK) return rc;
+        cont *c = &sc->conts[(*n)++];
+        memset(&c->next, 0, sizeof c->next);
+        c->tok = label_at(t, nd, p.x);
+        c->cnt = nd->count;
+        c->next.has[side] = 1;
+        c->next.p[side].node = p.node;
+        c->next.p[side].x = p.x + 1;
+        return AS_OK;
+    }
+    uint32_t k = nchild(nd);
+    int rc = grow(sc->acct, (void **)&sc->conts, &sc->conts_cap, *n + k, sizeof(cont));
+    if (rc != AS_OK) return rc;
+    for (uint32_t i = 0, seen = 0; seen < k; i++) {
+        int32_t key;
+        uint32_t ch;
+        if (nd->flags & NF_MAP) {
+            key = nd->ch.map->slots[i].key;
+            if (key < 0) continue;
+            ch = nd->ch.map->slots[i].val;
+        } else {
+            key = nd->ch.in.key[i];
+            ch = nd->ch.in.child[i];
+        }
+        seen++;
+        cont *c = &sc->conts[(*n)++];
+        memset(&c->next, 0, sizeof c->next);
+        c->tok = key;
+        c->cnt = N(t, ch)->count;
+        c->next.has[side] = 1;
+        c->next.p[side].node = ch;
+        c->next.p[side].x = p.x + 1;
+    }
+    return AS_OK;
+}
+
+/* All continuations of a (merged) point, counts added per token. */
+static int enum_conts(scratch *sc, const candidates *cand, const mpoint *mp, uint32_t *n_out) {
+    uint32_t n = 0;
+    int rc = AS_OK;
+    int first = -1;
+    for (int s = 0; s < 2; s++) {
+        if (!mp->has[s]) continue;
+        if (first < 0) {
+            first = s;
+            rc = enum_side(sc, cand->tree[s], mp->p[s], s, &n);
+            if (rc != AS_OK) return rc;
+            continue;
+        }
+        /* second side: add into existing tokens, append new ones */
+        uint32_t base = n;
+        for (uint32_t i = 0; i < base; i++) {
+            point q;
+            if (point_step(cand->tree[s], mp->p[s], sc->conts[i].tok, &q) == 0) {
+                sc->conts[i].cnt += N(cand->tree[s], q.node)->count;
+                sc->conts[i].next.has[s] = 1;
+                sc->conts[i].next.p[s] = q;
+            }
+        }
+        uint32_t m = n;
+        rc = enum_side(sc, cand->tree[s], mp->p[s], s, &m);
+        if (rc != AS_OK) return rc;
+        for (uint32_t i = n; i < m; i++) {
+            point q;
+            if (point_step(cand->tree[first], mp->p[first], sc->conts[i].tok, &q) == 0) continue;
+            sc->conts[n++] = sc->conts[i];
+        }
+    }
+    *n_out = n;
+    return AS_OK;
+}
+
+static int cont_before(const cont *a, const cont *b) {
+    if (a->cnt != b->cnt) return a->cnt > b->cnt;
+    return a->tok < b->tok;
+}
+
+/* Insertion sort of the few continuations that pass the probability cut. */
+static void sort_conts(cont *c, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++) {
+        cont v = c[i];
+        uint32_t j = i;
+        while (j > 0 && cont_before(&v, &c[j - 1])) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = v;
+    }
+}
+
+/* ---------- growing ---------------------------------------------------- */
+
+typedef struct grown {
+    uint32_t n;
+    double score;
+} grown;
+
+/* Fast linear draft in one tree. */
+static grown linear_one(const as_tree *t, point p, uint32_t budget, double min_prob, int32_t *tok,
+                        int32_t *par, float *prob) {
+    grown g = {0, 0.0};
+    double d = 1.0;
+    while (g.n < budget) {
+        const node *nd = N(t, p.node);
+        int32_t key;
+        if (p.x < nd->depth) {
+            key = label_at(t, nd, p.x);
+            p.x++;
+        } else {
+            uint32_t c = best_child(t, nd, &key);
+            if (c == NIL) break;
+            d = d * ((double)N(t, c)->count / (double)child_total(t, nd));
+            p.node = c;
+            p.x++;
+        }
+        if (d < min_prob) break;
+        tok[g.n] = key;
+        par[g.n] = (int32_t)g.n - 1;
+        prob[g.n] = (float)d;
+        g.score += d;
+        g.n++;
+    }
+    return g;
+}
+
+/* Linear draft over a merged point. */
+static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
+                         uint32_t budget, double min_prob, int buf, grown *g) {
+    g->n = 0;
+    g->score = 0.0;
+    double d = 1.0;
+    while (g->n < budget && plen + g->n < dcap) {
+        uint32_t n;
+        int rc = enum_conts(sc, cand, &mp, &n);
+        if (rc != AS_OK) return rc;
+        if (n == 0) break;
+        uint64_t total = 0;
+        uint32_t b = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            total += sc->conts[i].cnt;
+            if (i > 0 && cont_before(&sc->conts[i], &sc->conts[b])) b = i;
+        }
+        d = d * ((double)sc->conts[b].cnt / (double)total);
+        if (d < min_prob) break;
+        sc->tok[buf][g->n] = sc->conts[b].tok;
+        sc->par[buf][g->n] = (int32_t)g->n - 1;
+        sc->prob[buf][g->n] = (float)d;
+        g->score += d;
+        g->n++;
+        mp = sc->conts[b].next;
+    }
+    return AS_OK;
+}
+
+static void heap_push(heap_ent *h, uint32_t *n, heap_ent e) {
+    uint32_t i = (*n)++;
+    while (i > 0) {
+        uint32_t up = (i - 1) / 2;
+        if (h[up].d > e.d || (h[up].d == e.d && h[up].order < e.order)) break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = e;
+}
+
+static heap_ent heap_pop(heap_ent *h, uint32_t *n) {
+    heap_ent top = h[0];
+    heap_ent last = h[--(*n)];
+    uint32_t i = 0;
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        heap_ent *best = &last;
+        if (l < *n && (h[l].d > best->d || (h[l].d == best->d && h[l].order < best->order))) {
+            m = l;
+            best = &h[l];
+        }
+        if (r < *n && (h[r].d > best->d || (h[r].d == best->d && h[r].order < best->order))) m = r;
+        if (m == i) break;
+        h[i] = h[m];
+        i = m;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+/* Push the children of mp (D = d) that pass the cut, at most `room`. */
+static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, double d,
+                         int32_t parent, uint32_t depth, uint32_t dcap, double min_prob,
+                         uint32_t room, uint32_t *hn, uint64_t *order) {
+    if (depth >= dcap || room == 0) return AS_OK;
+    uint32_t n;
+    int rc = enum_conts(sc, cand, mp, &n);
+    if (rc != AS_OK) return rc;
+    if (n == 0) return AS_OK;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) total += sc->conts[i].cnt;
+    /* keep those whose D passes the cut, then order them */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double dc = d * ((double)sc->conts[i].cnt / (double)total);
+        if (dc >= min_prob) sc->conts[k++] = sc->conts[i];
+    }
+    sort_conts(sc->conts, k);
+    if (k > room) k = room;
+    rc = grow(sc->acct, (void **)&sc->heap, &sc->heap_cap, *hn + k, sizeof(heap_ent));
+    if (rc != AS_OK) return rc;
+    for (uint32_t i = 0; i < k; i++) {
+        heap_ent e;
+        e.d = d * ((double)sc->conts[i].cnt / (double)total);
+        e.order = (*order)++;
+        e.parent = parent;
+        e.tok = sc->conts[i].tok;
+        e.depth = depth + 1;
+        e.pt = sc->conts[i].next;
+        heap_push(sc->heap, hn, e);
+    }
+    return AS_OK;
+}
+
+static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
+                      uint32_t budget, double min_prob, int buf, grown *g) {
+    g->n = 0;
+    g->score = 0.0;
+    uint32_t hn = 0;
+    uint64_t order = 0;
+    int rc = push_children(sc, cand, &mp, 1.0, -1, plen, dcap, min_prob, budget, &hn, &order);
+    while (rc == AS_OK && g->n < budget && hn > 0) {
+        heap_ent e = heap_pop(sc->heap, &hn);
+        uint32_t idx = g->n++;
+        sc->tok[buf][idx] = e.tok;
+        sc->par[buf][idx] = e.parent;
+        sc->prob[buf][idx] = (float)e.d;
+        g->score += e.d;
+        rc = push_children(sc, cand, &e.pt, e.d, (int32_t)idx, e.depth, dcap, min_prob,
+                           budget - g->n, &hn, &order);
+    }
+    return rc;
+}
+
+/* ---------- choosing --------------------------------------------------- */
+
+static uint32_t budget_for(const as_draft_params *prm, uint32_t p) {
+    double b = floor(prm->alpha * (double)p + prm->offset + 1e-6);
+    if (!(b > 0.0)) return 0;
+    if (b > (double)prm->max_spec_tokens) return prm->max_spec_tokens;
+    return (uint32_t)b;
+}
+
+typedef struct best_t {
+    int buf; /* scratch buffer holding the best draft */
+    grown g;
+    uint32_t p;
+    uint32_t source;
+} best_t;
+
+/* Can a draft of pattern length p scoring `score` displace the best? */
+static int wins(const best_t *best, uint32_t source, uint32_t p, double score) {
+    if (score > best->g.score) return 1;
+    return score == best->g.score && best->source == source && p > best->p;
+}
+
+/* Try the candidate patterns of the given sides, most promising bound first
+ * (bound = the most a draft for p can score), and stop once no remaining
+ * bound can displace the best draft.  Within a tree a longer pattern wins a
+ * tie; a draft of another source must score strictly more. */
+static int search(scratch *sc, const candidates *cand, const as_draft_params *prm, int s0, int s1,
+                  uint32_t source, cand_p *order, best_t *best) {
+    int merged = s0 != s1;
+    uint32_t pmax = 0, dcap = UINT32_MAX;
+    for (int s = s0; s <= s1; s++) {
+        if (cand->plen_max[s] > pmax) pmax = cand->plen_max[s];
+        if (cand->tree[s]->max_depth < dcap) dcap = cand->tree[s]->max_depth;
+    }
+    if (prm->max_pattern != 0 && prm->max_pattern < pmax) pmax = prm->max_pattern;
+    if (pmax >= dcap) pmax = dcap - 1;
+    uint32_t pmin = prm->min_pattern > 1 ? prm->min_pattern : 1;
+    uint32_t nc = 0;
+    for (uint32_t p = pmin; p <= pmax; p++) {
+        int any = 0;
+        for (int s = s0; s <= s1 && !any; s++)
+            any = p <= cand->plen_max[s] && point_has_next(cand->tree[s], cand->pts[s][p]);
+        if (!any) continue;
+        uint32_t b = budget_for(prm, p), room = dcap - p;
+        cand_p cp = {p, b < room ? b : room};
+        if (cp.bound == 0) continue;
+        uint32_t j = nc++; /* insertion sort: bound desc, then p desc */
+        while (j > 0 && (order[j - 1].bound < cp.bound ||
+                         (order[j - 1].bound == cp.bound && order[j - 1].p < cp.p))) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = cp;
+    }
+    int tree_mode = (prm->flags & AS_DRAFT_TREE) != 0;
+    for (uint32_t i = 0; i < nc; i++) {
+        uint32_t p = order[i].p;
+        if (!wins(best, source, p, (double)order[i].bound)) {
+            if ((double)order[i].bound < best->g.score) break;
+            continue;
+        }
+        mpoint mp;
+        memset(&mp, 0, sizeof mp);
+        for (int s = s0; s <= s1; s++) {
+            if (p > cand->plen_max[s]) continue;
+            mp.has[s] = 1;
+            mp.p[s] = cand->pts[s][p];
+        }
+        uint32_t b = budget_for(prm, p);
+        int buf = 1 - best->buf;
+        grown g;
+        int rc = AS_OK;
+        if (tree_mode) {
+            rc = tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+        } else if (!merged) {
+            g = linear_one(cand->tree[s0], mp.p[s0], b, prm->min_token_prob, sc->tok[buf],
+                           sc->par[buf], sc->prob[buf]);
+        } else {
+            rc = linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+        }
+        if (rc != AS_OK) return rc;
+        if (g.n > 0 && wins(best, source, p, g.score)) {
+            best->buf = buf;
+            best->g = g;
+            best->p = p;
+            best->source = source;
+        }
+    }
+    return AS_OK;
+}
+
+int draft_select(scratch *sc, const candidates *cand, const as_draft_params *prm, as_draft_out *out) {
+    int rc = scratch_drafts(sc, prm->max_spec_tokens);
+    if (rc != AS_OK) return rc;
+    uint32_t dmax = 0;
+    for (int s = 0; s < 2; s++)
+        if (cand->tree[s] != NULL && cand->tree[s]->max_depth > dmax) dmax = cand->tree[s]->max_depth;
+    rc = grow(sc->acct, (void **)&sc->order, &sc->order_cap, dmax + 1, sizeof(cand_p));
+    if (rc != AS_OK) return rc;
+    best_t best = {0, {0, 0.0}, 0, 0};
+    int use[2] = {cand->tree[0] != NULL, cand->tree[1] != NULL};
+    if ((prm->flags & AS_DRAFT_MERGE) && use[0] && use[1]) {
+        rc = search(sc, cand, prm, 0, 1, 3, sc->order, &best);
+    } else {
+        if (use[1]) rc = search(sc, cand, prm, 1, 1, 2, sc->order, &best);
+        if (rc == AS_OK && use[0]) rc = search(sc, cand, prm, 0, 0, 1, sc->order, &best);
+    }
+    if (rc != AS_OK) return rc;
+    if (best.g.n == 0 || best.g.score < prm->min_score) {
+        out->n = 0;
+        out->match_len = 0;
+        out->source = 0;
+        out->score = 0.0;
+        return AS_OK;
+    }
+    memcpy(out->tokens, sc->tok[best.buf], sizeof(int32_t) * best.g.n);
+    memcpy(out->parents, sc->par[best.buf], sizeof(int32_t) * best.g.n);
+    memcpy(out->probs, sc->prob[best.buf], sizeof(float) * best.g.n);
+    out->n = best.g.n;
+    out->match_len = best.p;
+    out->source = best.source;
+    out->score = best.g.score;
+    return AS_OK;
+}
+
+/* ---------- drafting from a plain context -------------------------------- */
+
+/* Points of every suffix of ctx that occurs in t, by fresh root walks. */
+static uint32_t match_fresh(const as_tree *t, const int32_t *ctx, size_t n, uint32_t pmax, point *pts) {
+    uint32_t m = 0;
+    for (uint32_t p = 1; p <= pmax && p <= n; p++) {
+        point q = {ROOT, 0};
+        const int32_t *pat = ctx + (n - p);
+        uint32_t i = 0;
+        for (; i < p; i++)
+            if (point_step(t, q, pat[i], &q) != 0) break;
+        if (i < p) break;
+        pts[p] = q;
+        m = p;
+    }
+    return m;
+}
+
+int as_draft_context(const as_tree *global, const as_tree *local, const int32_t *context, size_t n,
+                     const as_draft_params *params, as_draft_out *out) {
+    if (out == NULL || (context == NULL && n > 0)) return AS_ERR_INVALID_ARG;
+    int rc = draft_params_check(params);
+    if (rc != AS_OK) return rc;
+    if (out->tokens == NULL || out->parents == NULL || out->probs == NULL) return AS_ERR_INVALID_ARG;
+    if (out->cap < params->max_spec_tokens) return AS_ERR_CAPACITY;
+    for (size_t i = 0; i < n; i++)
+        if (context[i] < 0) return AS_ERR_INVALID_TOKEN;
+    if (params->flags & AS_DRAFT_NO_GLOBAL) global = NULL;
+    if (params->flags & AS_DRAFT_NO_LOCAL) local = NULL;
+    uint64_t acct = 0;
+    scratch sc;
+    memset(&sc, 0, sizeof sc);
+    sc.acct = &acct;
+    candidates cand;
+    memset(&cand, 0, sizeof cand);
+    point *buf[2] = {NULL, NULL};
+    const as_tree *trees[2] = {global, local};
+    for (int s = 0; s < 2 && rc == AS_OK; s++) {
+        if (trees[s] == NULL) continue;
+        buf[s] = as_xmalloc(&acct, sizeof(point) * trees[s]->max_depth);
+        if (buf[s] == NULL) {
+            rc = AS_ERR_NOMEM;
+            break;
+        }
+        cand.tree[s] = trees[s];
+        cand.pts[s] = buf[s];
+        cand.plen_max[s] = match_fresh(trees[s], context, n, trees[s]->max_depth - 1, buf[s]);
+    }
+    if (rc == AS_OK) rc = draft_select(&sc, &cand, params, out);
+    for (int s = 0; s < 2; s++)
+        if (buf[s]) as_xfree(&acct, buf[s], sizeof(point) * trees[s]->max_depth);
+    scratch_free(&sc);
+    return rc;
+}

@@ -1,0 +1,178 @@
+/*
+ * tree_internal.h -- the suffix tree's data layout, shared by tree.c (build,
+ * remove, check), draft.c (matching, drafting), shard.c and cursor.c.
+ *
+ * Node layout (40 bytes):
+ *
+ *   +-------+--------+-----+-------+-----+-------+-------+----------------------+
+ *   | count | parent | seq | start | gen | depth | flags | children (16 bytes)  |
+ *   +-------+--------+-----+-------+-----+-------+-------+----------------------+
+ *     u32     u32     u32    u32    u32    u16     u16    inline: 2 x {key, node}
+ *                                                         or a childmap pointer
+ *
+ * A node is a point where the tree branches or where some indexed window
+ * ends; edges between such points are path-compressed.  The edge into a
+ * node spells tokens [depth(parent), depth) of the node's path, and the path
+ * itself is read from a stored sequence: token k of the path is
+ * seqs[seq].tok[start + k] ("label").  Nodes live in chunks of 4096 and are
+ * named by uint32 index, so a tree never holds raw pointers to nodes.
+ * `gen` is bumped whenever a node is freed, which lets a cursor's cached
+ * match point detect that its node died.
+ */
+#ifndef AS_TREE_INTERNAL_H
+#define AS_TREE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "agentspec.h"
+#include "childmap.h"
+#include "idmap.h"
+
+#define NIL UINT32_MAX
+#define ROOT 0u
+#define CHUNK_BITS 12
+#define CHUNK_SIZE (1u << CHUNK_BITS)
+#define CHUNK0_MIN 16u
+
+#define NF_NCHILD 3u /* number of inline children, 0..2 */
+#define NF_MAP 4u    /* children are in ch.map */
+#define NF_FREE 8u   /* on the free list */
+
+typedef struct node {
+    uint32_t count;  /* windows whose path passes through this node's edge */
+    uint32_t parent; /* parent index; next free node when NF_FREE */
+    uint32_t seq;    /* sequence holding the label (NIL for the root) */
+    uint32_t start;  /* start of the labelling window in that sequence */
+    uint32_t gen;    /* bumped on free */
+    uint16_t depth;  /* path length at the bottom of the edge */
+    uint16_t flags;
+    union {
+        struct {
+            int32_t key[2];
+            uint32_t child[2];
+        } in;
+        childmap *map;
+    } ch;
+} node;
+
+typedef struct seqrec {
+    int64_t id;
+    int32_t *tok;
+    uint32_t len, cap;
+    uint32_t refs;   /* nodes labelled from this sequence */
+    uint32_t *ring;  /* open sequences: endpoint of window starting at i, at i % max_depth */
+    uint32_t prev, next; /* insertion-order list of live sequences; free list via next */
+    uint8_t open;
+    uint8_t live;    /* 0: removed, kept only while refs > 0 */
+    uint8_t used;    /* slot in use (live or retained) */
+} seqrec;
+
+struct as_tree {
+    uint64_t bytes;      /* exact bytes held (this struct included) */
+    uint64_t uid;        /* unique per tree instance */
+    uint64_t epoch;      /* bumped by every modification */
+    uint64_t grow_epoch; /* bumped whenever windows are added */
+    uint32_t max_depth;
+    node **chunks;
+    uint32_t nchunks, chunks_cap;
+    uint32_t chunk0_cap; /* the first chunk grows from CHUNK0_MIN to CHUNK_SIZE */
+    uint32_t node_hw;    /* nodes ever handed out from the chunks */
+    uint32_t free_node;
+    uint32_t n_free_nodes;
+    uint64_t live_nodes;
+    seqrec *seqs;
+    uint32_t nseqs, seqs_cap; /* slots in use or on the free list: [0, nseqs) */
+    uint32_t free_seq;
+    uint32_t head, tail;      /* oldest / newest live sequence */
+    idmap ids;
+    uint64_t n_live, n_open, live_tokens, retained_tokens;
+};
+
+static inline node *N(const as_tree *t, uint32_t id) {
+    return &t->chunks[id >> CHUNK_BITS][id & (CHUNK_SIZE - 1)];
+}
+
+static inline int32_t label_at(const as_tree *t, const node *n, uint32_t k) {
+    return t->seqs[n->seq].tok[n->start + k];
+}
+
+static inline uint32_t nchild(const node *n) {
+    return (n->flags & NF_MAP) ? n->ch.map->size : (uint32_t)(n->flags & NF_NCHILD);
+}
+
+static inline uint32_t child_get(const as_tree *t, const node *n, int32_t key) {
+    (void)t;
+    if (n->flags & NF_MAP) return cm_get(n->ch.map, key);
+    uint32_t k = n->flags & NF_NCHILD;
+    if (k > 0 && n->ch.in.key[0] == key) return n->ch.in.child[0];
+    if (k > 1 && n->ch.in.key[1] == key) return n->ch.in.child[1];
+    return NIL;
+}
+
+/* Sum of the children's counts (the denominator of child probabilities). */
+static inline uint64_t child_total(const as_tree *t, const node *n) {
+    if (n->flags & NF_MAP) return n->ch.map->sum;
+    uint32_t k = n->flags & NF_NCHILD;
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < k; i++) s += N(t, n->ch.in.child[i])->count;
+    return s;
+}
+
+/* Most frequent child (ties: smallest token), its token in *key; NIL if leaf. */
+static inline uint32_t best_child(const as_tree *t, const node *n, int32_t *key) {
+    if (n->flags & NF_MAP) {
+        uint32_t b = n->ch.map->best;
+        if (b != NIL) *key = label_at(t, N(t, b), n->depth);
+        return b;
+    }
+    uint32_t k = n->flags & NF_NCHILD;
+    if (k == 0) return NIL;
+    uint32_t b = 0;
+    if (k == 2) {
+        uint32_t c0 = N(t, n->ch.in.child[0])->count, c1 = N(t, n->ch.in.child[1])->count;
+        if (c1 > c0 || (c1 == c0 && n->ch.in.key[1] < n->ch.in.key[0])) b = 1;
+    }
+    *key = n->ch.in.key[b];
+    return n->ch.in.child[b];
+}
+
+/* Occurrence point: node `node` at path length `x`, depth(parent) < x <= depth(node);
+ * the root is {ROOT, 0}. */
+typedef struct point {
+    uint32_t node;
+    uint32_t x;
+} point;
+
+/* Step a point by one token; returns 0 and fills *out, or -1 if absent. */
+static inline int point_step(const as_tree *t, point p, int32_t tok, point *out) {
+    const node *n = N(t, p.node);
+    if (p.x < n->depth) {
+        if (label_at(t, n, p.x) != tok) return -1;
+        out->node = p.node;
+        out->x = p.x + 1;
+        return 0;
+    }
+    uint32_t c = child_get(t, n, tok);
+    if (c == NIL) return -1;
+    out->node = c;
+    out->x = p.x + 1;
+    return 0;
+}
+
+/* Does the point have a continuation? */
+static inline int point_has_next(const as_tree *t, point p) {
+    const node *n = N(t, p.node);
+    return p.x < n->depth || nchild(n) > 0;
+}
+
+/* Endpoint node of the open sequence's window of length len (1..max_depth-1),
+ * i.e. the point where its last `len` tokens end; NIL if not available. */
+uint32_t tree_open_endpoint(const as_tree *t, uint32_t seq_index, uint32_t len);
+
+/* Internal sequence index of a caller id, or NIL. */
+uint32_t tree_seq_index(const as_tree *t, int64_t seq_id);
+
+/* Count stored sequence ids/tokens; helpers for shard.c. */
+int tree_add_validated(as_tree *t, int64_t seq_id, const int32_t *tokens, size_t n);
+
+#endif
