@@ -145,8 +145,8 @@ typedef struct as_tree_stats {
 
 int as_tree_stats_get(const as_tree *tree, as_tree_stats *out);
 
-/* Occurrence count of a token string (0 if absent or longer than max_depth).
- * For tests and diagnostics. */
+/* Occurrence count of a token string of n >= 1 tokens (0 if absent or longer
+ * than max_depth; n == 0 is AS_ERR_INVALID_ARG).  For tests and diagnostics. */
 int as_tree_count(const as_tree *tree, const int32_t *tokens, size_t n, uint64_t *count);
 
 /* Verify internal invariants without changing anything.  AS_OK if sound,

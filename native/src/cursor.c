@@ -131,7 +131,7 @@ static inline int32_t ctx_at(const as_cursor *c, uint64_t i) { return c->hist[i 
 static int gpoint_fix(const as_tree *t, gpoint *g) {
     if (g->node >= t->node_hw) return 0;
     const node *n = N(t, g->node);
-    if ((n->flags & NF_FREE) || n->gen != g->gen || g->x > n->depth) return 0;
+    if ((n->flags & NF_FREE) || n->gen != g->gen || g->x > ndepth(t, n)) return 0;
     while (g->node != ROOT && g->x <= N(t, n->parent)->depth) {
         g->node = n->parent;
         n = N(t, g->node);

@@ -108,7 +108,7 @@ static int scratch_drafts(scratch *s, uint32_t need) {
 /* Append the continuations of one side's point to sc->conts[*n..]. */
 static int enum_side(scratch *sc, const as_tree *t, point p, int side, uint32_t *n) {
     const node *nd = N(t, p.node);
-    if (p.x < nd->depth) {
+    if (p.x < ndepth(t, nd)) {
         int rc = grow(sc->acct, (void **)&sc->conts, &sc->conts_cap, *n + 1, sizeof(cont));
         if (rc != AS_OK) return rc;
         cont *c = &sc->conts[(*n)++];
@@ -215,7 +215,7 @@ static grown linear_one(const as_tree *t, point p, uint32_t budget, double min_p
     while (g.n < budget) {
         const node *nd = N(t, p.node);
         int32_t key;
-        if (p.x < nd->depth) {
+        if (p.x < ndepth(t, nd)) {
             key = label_at(t, nd, p.x);
             p.x++;
         } else {

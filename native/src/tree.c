@@ -407,25 +407,41 @@ uint32_t tree_open_endpoint(const as_tree *t, uint32_t si, uint32_t len) {
 
 /* Extend the window (si, start) ending at node e by token tok; return its new
  * endpoint.  All allocations were reserved by the caller. */
-static uint32_t extend_window(as_tree *t, uint32_t e, int32_t tok, uint32_t si, uint32_t start) {
+/* An open leaf that another window reaches stops being private. */
+static void materialize(as_tree *t, node *n) {
+    if (!(n->flags & NF_OPEN)) return;
+    n->depth = (uint16_t)ndepth(t, n);
+    n->flags &= (uint16_t)~NF_OPEN;
+    seqrec *owner = &t->seqs[n->seq];
+    if (owner->open && n->start < owner->implicit_end) owner->implicit_end = n->start;
+}
+
+/* Extend the window (si, start) ending at node e by token tok; return its new
+ * endpoint.  c is the child under tok if already looked up, else UNKNOWN.
+ * All allocations were reserved by the caller.  s->len already counts tok. */
+static uint32_t extend_window(as_tree *t, uint32_t e, int32_t tok, uint32_t si, uint32_t start,
+                              uint32_t c) {
     node *en = N(t, e);
+    if (en->flags & NF_OPEN) return e; /* grew with the sequence already */
     if (e != ROOT && en->count == 1 && nchild(en) == 0) { /* a leaf only this window uses */
-        en->depth++;
         label_set(t, en, si, start);
+        en->flags |= NF_OPEN;
         return e;
     }
     uint32_t res;
-    uint32_t c = child_get(t, en, tok);
+    if (c == UNKNOWN) c = child_get(t, en, tok);
     if (c == NIL) {
         res = node_take(t);
         node *l = N(t, res);
         en = N(t, e);
-        l->depth = (uint16_t)(en->depth + 1);
         l->count = 1;
         label_set(t, l, si, start);
+        l->flags = NF_OPEN;
         child_add(t, e, tok, res);
-    } else if (N(t, c)->depth == en->depth + 1) {
-        label_set(t, N(t, c), si, start);
+    } else if (ndepth(t, N(t, c)) == en->depth + 1u) {
+        node *cn = N(t, c);
+        materialize(t, cn);
+        label_set(t, cn, si, start);
         count_inc(t, c);
         res = c;
     } else {
@@ -448,19 +464,39 @@ static uint32_t extend_window(as_tree *t, uint32_t e, int32_t tok, uint32_t si, 
     return res;
 }
 
-/* Reserve everything appending one token to open sequence si can allocate. */
+/* Appending one token extends the windows starting at lo..pos, shortest
+ * (the new one, at the root) first.  In that order an extension only
+ * changes nodes that no later (longer) window still has to look at: a merge
+ * touches the parent of a shallower endpoint, a split inserts a node above
+ * a child of its own endpoint, and children are only added under one's own
+ * endpoint.  So the child each window needs can be looked up once, in the
+ * reserving pass, and reused when applying. */
+/* Windows an append must visit: starting at max(lo, implicit_end) .. pos. */
+static uint32_t visit_count(const seqrec *s, uint32_t d) {
+    uint32_t pos = s->len;
+    uint32_t lo = pos >= d - 1 ? pos - (d - 1) : 0;
+    if (s->implicit_end > lo) lo = s->implicit_end;
+    return pos - lo + 1;
+}
+
 static int reserve_token(as_tree *t, uint32_t si, int32_t tok) {
     uint32_t d = t->max_depth;
     int rc = node_reserve(t, d + 1);
     if (rc != AS_OK) return rc;
     seqrec *s = &t->seqs[si];
-    uint32_t pos = s->len;
-    uint32_t lo = pos >= d - 1 ? pos - (d - 1) : 0;
-    for (uint32_t i = lo; i <= pos; i++) {
-        uint32_t e = i == pos ? ROOT : s->ring[i % d];
+    uint32_t nwin = visit_count(s, d);
+    t->lookup[0] = child_get(t, N(t, ROOT), tok);
+    if (t->lookup[0] == NIL && (rc = child_room(t, ROOT)) != AS_OK) return rc;
+    uint32_t r = s->len % d;
+    for (uint32_t k = 1; k < nwin; k++) {
+        r = r == 0 ? d - 1 : r - 1;
+        uint32_t e = s->ring[r];
         node *en = N(t, e);
-        if (e != ROOT && en->count == 1 && nchild(en) == 0) continue;
-        if (child_get(t, en, tok) != NIL) continue;
+        uint32_t *rec = &t->lookup[k];
+        *rec = UNKNOWN;
+        if ((en->flags & NF_OPEN) || (en->count == 1 && nchild(en) == 0)) continue; /* no child needed */
+        *rec = child_get(t, en, tok);
+        if (*rec != NIL) continue;
         rc = child_room(t, e);
         if (rc != AS_OK) return rc;
     }
@@ -471,15 +507,23 @@ static void append_token(as_tree *t, uint32_t si, int32_t tok) {
     uint32_t d = t->max_depth;
     seqrec *s = &t->seqs[si];
     uint32_t pos = s->len;
+    uint32_t nwin = visit_count(s, d);
     s->tok[pos] = tok;
-    s->len++;
+    s->len++; /* open leaves of this sequence are one longer from here on */
     t->live_tokens++;
-    uint32_t lo = pos >= d - 1 ? pos - (d - 1) : 0;
-    for (uint32_t i = lo; i <= pos; i++) {
-        uint32_t e = i == pos ? ROOT : t->seqs[si].ring[i % d];
-        uint32_t ne = extend_window(t, e, tok, si, i);
-        if (pos + 1 - i < d) t->seqs[si].ring[i % d] = ne;
+    uint32_t *ring = s->ring;
+    uint32_t r = pos % d;
+    ring[r] = extend_window(t, ROOT, tok, si, pos, t->lookup[0]);
+    for (uint32_t k = 1; k < nwin; k++) { /* window starting at pos - k, now k + 1 long */
+        r = r == 0 ? d - 1 : r - 1;
+        uint32_t ne = extend_window(t, ring[r], tok, si, pos - k, t->lookup[k]);
+        if (k + 1 < d) ring[r] = ne;
     }
+    /* longest windows that became private leaves need no visit from now on */
+    uint32_t lo = s->len >= d - 1 ? s->len - (d - 1) : 0;
+    uint32_t b = s->implicit_end > lo ? s->implicit_end : lo;
+    while (b < s->len && (N(t, ring[b % d])->flags & NF_OPEN)) b++;
+    s->implicit_end = b;
 }
 
 static int validate_tokens(const int32_t *tokens, size_t n) {
@@ -532,13 +576,13 @@ static int remove_windows(as_tree *t, uint32_t si) {
     for (uint32_t i = 0; i < s->len; i++) {
         uint32_t len = s->len - i < d ? s->len - i : d;
         uint32_t k = 0, cur = ROOT;
-        while (N(t, cur)->depth < len) {
-            uint32_t c = child_get(t, N(t, cur), s->tok[i + N(t, cur)->depth]);
+        while (ndepth(t, N(t, cur)) < len) {
+            uint32_t c = child_get(t, N(t, cur), s->tok[i + ndepth(t, N(t, cur))]);
             if (c == NIL) break;
             path[k++] = c;
             cur = c;
         }
-        if (N(t, cur)->depth != len) rc = AS_ERR_FORMAT; /* cannot happen in a sound tree */
+        if (ndepth(t, N(t, cur)) != len) rc = AS_ERR_FORMAT; /* cannot happen in a sound tree */
         for (uint32_t j = 0; j < k; j++) count_dec(t, path[j]);
         int32_t j = (int32_t)k - 1;
         while (j >= 0 && N(t, path[j])->count == 0) {
@@ -575,6 +619,10 @@ as_tree *as_tree_create(uint32_t max_depth, int *status) {
     t->free_seq = NIL;
     t->head = t->tail = NIL;
     rc = idm_init(&t->bytes, &t->ids);
+    if (rc == AS_OK) {
+        t->lookup = as_xmalloc(&t->bytes, sizeof(uint32_t) * ((size_t)max_depth + 1));
+        if (t->lookup == NULL) rc = AS_ERR_NOMEM;
+    }
     if (rc == AS_OK) rc = node_reserve(t, 1);
     if (rc != AS_OK) {
         as_handle_opened();
@@ -609,6 +657,7 @@ void as_tree_free(as_tree *t) {
     }
     as_xfree(acct, t->seqs, sizeof(seqrec) * t->seqs_cap);
     idm_destroy(acct, &t->ids);
+    as_xfree(acct, t->lookup, sizeof(uint32_t) * ((size_t)t->max_depth + 1));
     uint64_t self = 0;
     as_xfree(&self, t, sizeof *t);
     as_handle_closed();
@@ -742,15 +791,11 @@ int as_tree_stats_get(const as_tree *t, as_tree_stats *out) {
 }
 
 int as_tree_count(const as_tree *t, const int32_t *tokens, size_t n, uint64_t *count) {
-    if (t == NULL || count == NULL || (tokens == NULL && n > 0)) return AS_ERR_INVALID_ARG;
+    if (t == NULL || count == NULL || tokens == NULL || n == 0) return AS_ERR_INVALID_ARG;
     int rc = validate_tokens(tokens, n);
     if (rc != AS_OK) return rc;
     *count = 0;
     if (n > t->max_depth) return AS_OK;
-    if (n == 0) {
-        *count = t->live_tokens;
-        return AS_OK;
-    }
     point p = {ROOT, 0};
     for (size_t i = 0; i < n; i++)
         if (point_step(t, p, tokens[i], &p) != 0) return AS_OK;
@@ -795,10 +840,11 @@ static int check_node(const as_tree *t, uint32_t id, uint64_t *refs) {
         const node *cn = N(t, c);
         CHECK(!(cn->flags & NF_FREE));
         CHECK(cn->parent == id);
-        CHECK(cn->depth > n->depth && cn->depth <= t->max_depth);
+        CHECK(ndepth(t, cn) > n->depth && ndepth(t, cn) <= t->max_depth);
+        CHECK(!(cn->flags & NF_OPEN) || (cn->count == 1 && nchild(cn) == 0));
         CHECK(cn->count > 0);
         CHECK(cn->seq < t->nseqs && t->seqs[cn->seq].used);
-        CHECK((uint64_t)cn->start + cn->depth <= t->seqs[cn->seq].len);
+        CHECK((uint64_t)cn->start + ndepth(t, cn) <= t->seqs[cn->seq].len);
         CHECK(label_at(t, cn, n->depth) == key);
         if (id != ROOT)
             for (uint32_t q = 0; q < n->depth; q++) CHECK(label_at(t, cn, q) == label_at(t, n, q));
@@ -847,6 +893,19 @@ int as_tree_check(const as_tree *t) {
         if (s->refs != refs[si]) {
             CHECK_TRACE("sequence reference count");
             rc = AS_ERR_FORMAT;
+        }
+        if (s->live && s->open) { /* windows before implicit_end end in their own open leaf */
+            uint32_t d = t->max_depth;
+            uint32_t lo = s->len >= d - 1 ? s->len - (d - 1) : 0;
+            for (uint32_t i = lo; i < s->implicit_end && i < s->len; i++) {
+                uint32_t e = s->ring[i % d];
+                if (e >= t->node_hw || !(N(t, e)->flags & NF_OPEN) || N(t, e)->seq != si ||
+                    N(t, e)->start != i) {
+                    CHECK_TRACE("implicit window without its open leaf");
+                    rc = AS_ERR_FORMAT;
+                    break;
+                }
+            }
         }
         if (s->live) {
             tokens += s->len;

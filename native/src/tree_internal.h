@@ -18,6 +18,15 @@
  * named by uint32 index, so a tree never holds raw pointers to nodes.
  * `gen` is bumped whenever a node is freed, which lets a cursor's cached
  * match point detect that its node died.
+ *
+ * Open leaves (NF_OPEN).  A leaf that only one window uses, and whose window
+ * still grows, would be touched by every append just to add 1 to its depth.
+ * Instead its depth is implicit -- min(max_depth, len(seq) - start) -- so it
+ * grows when the sequence grows, for free (Ukkonen's "once a leaf, always a
+ * leaf").  If a window is such a leaf, so is every longer window of the same
+ * sequence, so an open sequence only visits its windows from
+ * `implicit_end` on.  An open leaf that another window moves into is made
+ * explicit again ("materialized").  Always read depths through ndepth().
  */
 #ifndef AS_TREE_INTERNAL_H
 #define AS_TREE_INTERNAL_H
@@ -30,6 +39,7 @@
 
 #define NIL UINT32_MAX
 #define ROOT 0u
+#define UNKNOWN (UINT32_MAX - 1) /* "not looked up"; never a node index */
 #define CHUNK_BITS 12
 #define CHUNK_SIZE (1u << CHUNK_BITS)
 #define CHUNK0_MIN 16u
@@ -37,6 +47,7 @@
 #define NF_NCHILD 3u /* number of inline children, 0..2 */
 #define NF_MAP 4u    /* children are in ch.map */
 #define NF_FREE 8u   /* on the free list */
+#define NF_OPEN 16u  /* private leaf of a growing window: depth is implicit */
 
 typedef struct node {
     uint32_t count;  /* windows whose path passes through this node's edge */
@@ -62,6 +73,7 @@ typedef struct seqrec {
     uint32_t refs;   /* nodes labelled from this sequence */
     uint32_t *ring;  /* open sequences: endpoint of window starting at i, at i % max_depth */
     uint32_t prev, next; /* insertion-order list of live sequences; free list via next */
+    uint32_t implicit_end; /* open: windows starting before this are open leaves */
     uint8_t open;
     uint8_t live;    /* 0: removed, kept only while refs > 0 */
     uint8_t used;    /* slot in use (live or retained) */
@@ -85,6 +97,7 @@ struct as_tree {
     uint32_t free_seq;
     uint32_t head, tail;      /* oldest / newest live sequence */
     idmap ids;
+    uint32_t *lookup; /* per appended token: the child each window steps into */
     uint64_t n_live, n_open, live_tokens, retained_tokens;
 };
 
@@ -94,6 +107,13 @@ static inline node *N(const as_tree *t, uint32_t id) {
 
 static inline int32_t label_at(const as_tree *t, const node *n, uint32_t k) {
     return t->seqs[n->seq].tok[n->start + k];
+}
+
+/* Path length at the bottom of a node's edge. */
+static inline uint32_t ndepth(const as_tree *t, const node *n) {
+    if (!(n->flags & NF_OPEN)) return n->depth;
+    uint32_t d = t->seqs[n->seq].len - n->start;
+    return d < t->max_depth ? d : t->max_depth;
 }
 
 static inline uint32_t nchild(const node *n) {
@@ -146,7 +166,7 @@ typedef struct point {
 /* Step a point by one token; returns 0 and fills *out, or -1 if absent. */
 static inline int point_step(const as_tree *t, point p, int32_t tok, point *out) {
     const node *n = N(t, p.node);
-    if (p.x < n->depth) {
+    if (p.x < ndepth(t, n)) {
         if (label_at(t, n, p.x) != tok) return -1;
         out->node = p.node;
         out->x = p.x + 1;
@@ -162,7 +182,7 @@ static inline int point_step(const as_tree *t, point p, int32_t tok, point *out)
 /* Does the point have a continuation? */
 static inline int point_has_next(const as_tree *t, point p) {
     const node *n = N(t, p.node);
-    return p.x < n->depth || nchild(n) > 0;
+    return p.x < ndepth(t, n) || nchild(n) > 0;
 }
 
 /* Endpoint node of the open sequence's window of length len (1..max_depth-1),
