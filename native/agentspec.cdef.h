@@ -73,6 +73,7 @@ typedef struct as_tree_stats {
     uint64_t nodes;
     uint64_t bytes;
     uint64_t retained_tokens;
+    uint64_t free_bytes;
     uint32_t max_depth;
 } as_tree_stats;
 

@@ -140,6 +140,8 @@ typedef struct as_tree_stats {
     uint64_t nodes;         /* live nodes, root included */
     uint64_t bytes;         /* exact bytes held from the allocator */
     uint64_t retained_tokens; /* tokens of removed sequences still referenced */
+    uint64_t free_bytes;    /* part of `bytes` in free node slots, reused first;
+                               a tree compacts itself once half its slots are free */
     uint32_t max_depth;
 } as_tree_stats;
 
@@ -158,7 +160,8 @@ int as_tree_check(const as_tree *tree);
 /* Little-endian, versioned, a 48-byte header:
  *   magic "ASHD", u16 version, u16 kind (0 snapshot, 1 delta),
  *   u32 max_depth, u32 reserved (0), u64 n_sequences, u64 n_removals,
- *   u64 payload_bytes, u64 checksum of the payload, then payload:
+ *   u64 payload_bytes, u64 checksum (of header bytes 0..39 and the payload),
+ *   then payload:
  *   n_removals x i64 seq_id, then per sequence: i64 seq_id, u32 n, n x i32.
  * A snapshot holds every sequence of the tree (open ones are written with
  * their current tokens and load closed).  A delta holds sequences to add and

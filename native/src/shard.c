@@ -11,7 +11,7 @@
  *       16     8  n_sequences
  *       24     8  n_removals
  *       32     8  payload_bytes
- *       40     8  checksum64 of the payload
+ *       40     8  checksum64 of header bytes 0..39 and of the payload
  *       48        payload: n_removals x i64 id, then per sequence
  *                 i64 id, u32 n, n x i32 token
  *
@@ -72,6 +72,12 @@ static uint64_t checksum64(const uint8_t *p, size_t n) {
     return h;
 }
 
+/* Checksum of a shard: covers the header fields before it and the payload. */
+static uint64_t shard_checksum(const uint8_t *buf, size_t payload) {
+    uint64_t h = checksum64(buf, 40);
+    return checksum64(buf + AS_SHARD_HEADER_BYTES, payload) ^ (h * 0x9E3779B97F4A7C15ull + (h >> 29));
+}
+
 /* ---------- saving ------------------------------------------------------- */
 
 static int seq_bytes(const as_tree *t, int64_t id, uint64_t *out) {
@@ -122,7 +128,7 @@ static void put_header(uint8_t *b, uint16_t kind, uint32_t depth, uint64_t nseq,
     put64(b + 16, nseq);
     put64(b + 24, nrem);
     put64(b + 32, payload);
-    put64(b + 40, checksum64(b + AS_SHARD_HEADER_BYTES, (size_t)payload));
+    put64(b + 40, shard_checksum(b, (size_t)payload));
 }
 
 int as_tree_save(const as_tree *t, uint8_t *buf, size_t cap, size_t *written) {
@@ -179,7 +185,7 @@ static int parse(const uint8_t *buf, size_t len, shard_view *v) {
     if (payload > avail) return AS_ERR_TRUNCATED;
     if (payload < avail) return AS_ERR_FORMAT; /* trailing bytes */
     const uint8_t *p = buf + AS_SHARD_HEADER_BYTES;
-    if (checksum64(p, (size_t)payload) != get64(buf + 40)) return AS_ERR_CHECKSUM;
+    if (shard_checksum(buf, (size_t)payload) != get64(buf + 40)) return AS_ERR_CHECKSUM;
     if (v->kind == AS_SHARD_SNAPSHOT && v->n_rem != 0) return AS_ERR_FORMAT;
     if (v->n_rem > payload / 8) return AS_ERR_FORMAT;
     if (v->n_seq > (payload - v->n_rem * 8) / 12) return AS_ERR_FORMAT;

@@ -597,6 +597,108 @@ static int remove_windows(as_tree *t, uint32_t si) {
     return rc;
 }
 
+/* ---------- compaction ----------------------------------------------- */
+
+/* Slots the node storage can hold. */
+static uint64_t node_capacity(const as_tree *t) {
+    return t->nchunks == 0 ? 0 : (uint64_t)(t->nchunks - 1) * CHUNK_SIZE + chunk_cap(t, t->nchunks - 1);
+}
+
+/* Storage a tree with `live` nodes is compacted to. */
+static uint32_t compact_target(uint64_t live) {
+    if (live > CHUNK_SIZE) return (uint32_t)((live + CHUNK_SIZE - 1) / CHUNK_SIZE * CHUNK_SIZE);
+    uint32_t c = CHUNK0_MIN;
+    while (c < live) c <<= 1;
+    return c;
+}
+
+/* Move every node stored at index >= B into a free slot below B, fix all
+ * references, and give the storage above B back to the allocator.  Node
+ * indices change, so the tree gets a new uid: cursors re-match from scratch.
+ * Best effort: if the remap table cannot be allocated nothing changes. */
+static void compact(as_tree *t) {
+    uint32_t B = compact_target(t->live_nodes);
+    if (B >= node_capacity(t)) return;
+    uint32_t hw = t->node_hw;
+    uint32_t *remap = NULL;
+    uint64_t tmp = 0;
+    if (hw > B) {
+        remap = as_xmalloc(&tmp, sizeof(uint32_t) * (size_t)(hw - B));
+        if (remap == NULL) return;
+        uint32_t slot = 1;
+        for (uint32_t id = B; id < hw; id++) {
+            node *n = N(t, id);
+            if (n->flags & NF_FREE) continue;
+            while (slot < B && !(N(t, slot)->flags & NF_FREE)) slot++; /* live <= B: one exists */
+            if (slot >= B) break;
+            node *dst = N(t, slot);
+            uint32_t gen = dst->gen;
+            *dst = *n;
+            dst->gen = gen + 1;
+            n->flags = NF_FREE;
+            remap[id - B] = slot;
+        }
+        for (uint32_t id = 0; id < B && id < hw; id++) { /* fix references */
+            node *n = N(t, id);
+            if (n->flags & NF_FREE) continue;
+            if (n->parent != NIL && n->parent >= B) n->parent = remap[n->parent - B];
+            if (n->flags & NF_MAP) {
+                childmap *m = n->ch.map;
+                for (uint32_t i = 0; i < m->cap; i++)
+                    if (m->slots[i].key >= 0 && m->slots[i].val >= B) m->slots[i].val = remap[m->slots[i].val - B];
+                if (m->best != NIL && m->best >= B) m->best = remap[m->best - B];
+            } else {
+                for (uint32_t i = 0; i < (n->flags & NF_NCHILD); i++)
+                    if (n->ch.in.child[i] >= B) n->ch.in.child[i] = remap[n->ch.in.child[i] - B];
+            }
+        }
+        for (uint32_t si = 0; si < t->nseqs; si++) {
+            seqrec *s = &t->seqs[si];
+            if (!s->used || !s->open) continue;
+            for (uint32_t r = 0; r < t->max_depth; r++)
+                if (s->ring[r] >= B && s->ring[r] < hw) s->ring[r] = remap[s->ring[r] - B];
+        }
+        as_xfree(&tmp, remap, sizeof(uint32_t) * (size_t)(hw - B));
+        hw = B;
+    }
+    /* release storage above B */
+    uint32_t keep = B <= CHUNK_SIZE ? 1 : B / CHUNK_SIZE;
+    for (uint32_t c = keep; c < t->nchunks; c++) as_xfree(&t->bytes, t->chunks[c], sizeof(node) * CHUNK_SIZE);
+    t->nchunks = keep;
+    if (B <= CHUNK_SIZE && t->chunk0_cap > B) {
+        node *c0 = as_xrealloc(&t->bytes, t->chunks[0], sizeof(node) * t->chunk0_cap, sizeof(node) * B);
+        if (c0 != NULL) { /* on failure the chunk simply stays larger */
+            t->chunks[0] = c0;
+            t->chunk0_cap = B;
+        }
+    }
+    /* rebuild the free list, lowest index first */
+    t->node_hw = hw;
+    t->free_node = NIL;
+    t->n_free_nodes = 0;
+    for (uint32_t id = hw; id-- > 0;) {
+        node *n = N(t, id);
+        if (!(n->flags & NF_FREE)) continue;
+        n->parent = t->free_node;
+        t->free_node = id;
+        t->n_free_nodes++;
+    }
+    t->uid = atomic_fetch_add(&next_uid, 1);
+}
+
+/* Compact once at least half the node storage is free (amortised O(1)). */
+static void maybe_compact(as_tree *t) {
+    uint64_t cap = node_capacity(t);
+    if (cap > CHUNK0_MIN && t->live_nodes * 2 < cap && cap - compact_target(t->live_nodes) >= CHUNK0_MIN)
+        compact(t);
+    if (t->n_live == 0 && t->retained_tokens == 0 && t->seqs_cap > 0) { /* all slots free */
+        as_xfree(&t->bytes, t->seqs, sizeof(seqrec) * t->seqs_cap);
+        t->seqs = NULL;
+        t->seqs_cap = t->nseqs = 0;
+        t->free_seq = NIL;
+    }
+}
+
 /* ---------- public API ----------------------------------------------- */
 
 as_tree *as_tree_create(uint32_t max_depth, int *status) {
@@ -701,6 +803,7 @@ static int remove_index(as_tree *t, uint32_t si) {
     s->live = 0;
     if (s->refs == 0) seq_slot_free(t, si);
     else t->retained_tokens += s->len;
+    maybe_compact(t);
     return rc;
 }
 
@@ -786,6 +889,7 @@ int as_tree_stats_get(const as_tree *t, as_tree_stats *out) {
     out->nodes = t->live_nodes;
     out->bytes = t->bytes;
     out->retained_tokens = t->retained_tokens;
+    out->free_bytes = (uint64_t)(t->n_free_nodes + (node_capacity(t) - t->node_hw)) * sizeof(node);
     out->max_depth = t->max_depth;
     return AS_OK;
 }
