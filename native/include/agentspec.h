@@ -62,7 +62,7 @@ extern "C" {
 
 typedef enum as_status {
     AS_OK = 0,
-    AS_ERR_NOMEM = 1,          /* an allocation failed; the handle is unchanged */
+    AS_ERR_NOMEM = 1,          /* an allocation failed; the handle stays sound (see each call) */
     AS_ERR_INVALID_ARG = 2,    /* NULL where a pointer is needed, bad parameter */
     AS_ERR_INVALID_TOKEN = 3,  /* a token id < 0 */
     AS_ERR_SEQ_EXISTS = 4,     /* the sequence id is already in the tree */
@@ -110,8 +110,11 @@ uint32_t as_tree_max_depth(const as_tree *tree);
 int as_tree_add(as_tree *tree, int64_t seq_id, const int32_t *tokens, size_t n);
 
 /* Append tokens to an open sequence, creating it (open) if seq_id is new.
- * This is the decode-loop form: cost O(n * max_depth) hash-map steps.
- * Nothing is changed if any token is invalid (checked up front). */
+ * This is the decode-loop form: at most O(max_depth) hash-map steps per
+ * token, far fewer where windows grow inside their own leaves.
+ * Nothing is changed if any token is invalid (checked up front).  On
+ * AS_ERR_NOMEM the tokens before the failing one stay appended and the tree
+ * is consistent. */
 int as_tree_append(as_tree *tree, int64_t seq_id, const int32_t *tokens, size_t n);
 
 /* Close an open sequence: it keeps its tokens, stops accepting appends and
@@ -213,7 +216,8 @@ as_cursor *as_cursor_create(uint32_t max_depth, uint32_t flags, int *status);
 void as_cursor_free(as_cursor *cur); /* accepts NULL */
 
 /* Append tokens to the context (prompt first, then each decode step's
- * accepted tokens).  The context can ONLY BE APPENDED TO. */
+ * accepted tokens).  The context can ONLY BE APPENDED TO.  On AS_ERR_NOMEM
+ * the tokens before the failing one stay appended (as_cursor_len tells). */
 int as_cursor_extend(as_cursor *cur, const int32_t *tokens, size_t n);
 
 /* Context length so far, and the per-request tree (NULL without

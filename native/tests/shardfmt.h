@@ -69,9 +69,16 @@ static inline uint64_t sf_checksum(const uint8_t *p, size_t n) {
     return h;
 }
 
-/* Rewrite the checksum field for the current payload (len >= header). */
+/* The shard checksum: header bytes 0..39 combined with the payload's. */
+static inline uint64_t sf_shard_checksum(const uint8_t *buf, size_t len) {
+    uint64_t h = sf_checksum(buf, 40);
+    return sf_checksum(buf + AS_SHARD_HEADER_BYTES, len - AS_SHARD_HEADER_BYTES) ^
+           (h * 0x9E3779B97F4A7C15ull + (h >> 29));
+}
+
+/* Rewrite the checksum field for the current header and payload (len >= header). */
 static inline void sf_reseal(uint8_t *buf, size_t len) {
-    sf_wr64(buf + SF_OFF_SUM, sf_checksum(buf + AS_SHARD_HEADER_BYTES, len - AS_SHARD_HEADER_BYTES));
+    sf_wr64(buf + SF_OFF_SUM, sf_shard_checksum(buf, len));
 }
 
 #endif /* AGENTSPEC_SHARDFMT_H */

@@ -543,7 +543,9 @@ static void test_bad_params(void) {
     CHECK(as_cursor_create(1, 0, &cst) == NULL);
     CHECK_EQ_INT(cst, AS_ERR_INVALID_ARG);
     CHECK(as_cursor_create(AS_MAX_DEPTH_LIMIT + 1, 0, NULL) == NULL);
+    CHECK(as_cursor_create(8, 0x80u, NULL) == NULL); /* unknown flag */
     as_cursor_free(c);
+    as_cursor_free(NULL);
     as_tree_free(g);
 }
 

@@ -1,0 +1,13 @@
+"""pytest configuration shared by all tests: the `slow` marker."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the `slow` marker (also declared in pyproject.toml) for any rootdir."""
+    config.addinivalue_line(
+        "markers",
+        "slow: long-running test (real traces, large property runs); deselect with -m 'not slow'",
+    )
