@@ -1,0 +1,244 @@
+"""Batched drafting: one native call per decode step for many requests."""
+
+from __future__ import annotations
+
+import array
+import bisect
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from agentspec import _lowlevel
+from agentspec._draft import SOURCES, Cursor, Draft, DraftParams, read_begin, resolve_params
+from agentspec._tokens import TokenArray, as_int32_buffer
+from agentspec._tree import SuffixTree
+from agentspec.exceptions import CapacityError, InvalidArgumentError
+
+__all__ = ["BatchDrafter", "BatchItem", "draft_batch"]
+
+#: One request of a batch: its cursor, the global tree to draft from (or
+#: None) and the tokens accepted since its last draft (or None).
+BatchItem = tuple[Cursor, "SuffixTree | None", "TokenArray | None"]
+
+_MAX_THREADS = 1024
+
+
+def _check_count(name: str, value: object, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 1 <= value <= hi:
+        raise InvalidArgumentError(f"{name} must be in [1, {hi}]", f"got {value}")
+    return value
+
+
+def _note(exc: BaseException, index: int) -> None:
+    """Attach the batch item index to an exception raised while converting it."""
+    add_note = getattr(exc, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(f"in batch item {index}")
+
+
+class BatchDrafter:
+    """Drafts for a whole batch of requests in one native call.
+
+    For each item ``(cursor, global_tree, new_tokens)``, `draft` appends
+    ``new_tokens`` (if not None) to the cursor, then drafts from the cursor
+    and ``global_tree`` (if not None) with this drafter's params.  All items
+    run in one C call that releases the GIL and, with ``threads > 1``, spreads
+    the items over that many worker threads.
+
+    Output buffers for ``max_batch`` rows are allocated once, so a drafter
+    should be created once and reused every decode step.  A drafter is used
+    by one thread at a time (a concurrent `draft` raises RuntimeError).
+
+    Errors: items are converted and checked before anything is appended, so
+    a bad item, a bad token (of any item) or a closed/busy cursor or tree
+    raises before any change, naming the item.  An error the engine reports
+    for one item during the call (running out of memory) does not stop the
+    other items: they keep their appended tokens, and the exception of the
+    first failing item is raised (its index in the message) instead of the
+    drafts.
+    """
+
+    __slots__ = ("_bufs", "_lock", "_max_batch", "_params", "_threads")
+
+    def __init__(
+        self, params: DraftParams | None = None, *, max_batch: int = 256, threads: int = 1
+    ) -> None:
+        """Allocate buffers for up to ``max_batch`` items per call.
+
+        Raises:
+            InvalidArgumentError: max_batch or threads below 1 (or absurdly large).
+        """
+        self._params = resolve_params(params, {})
+        self._max_batch = _check_count("max_batch", max_batch, 2**24)
+        self._threads = _check_count("threads", threads, _MAX_THREADS)
+        self._bufs = _lowlevel.BatchBuffers(self._max_batch, self._params.max_spec_tokens)
+        self._lock = threading.Lock()
+
+    @property
+    def params(self) -> DraftParams:
+        """The parameters every draft of this drafter uses."""
+        return self._params
+
+    @property
+    def max_batch(self) -> int:
+        """Most items one `draft` call accepts."""
+        return self._max_batch
+
+    @property
+    def threads(self) -> int:
+        """Worker threads per call (1: the calling thread only)."""
+        return self._threads
+
+    def __repr__(self) -> str:
+        """Short description."""
+        return (
+            f"<BatchDrafter max_batch={self._max_batch} threads={self._threads} "
+            f"max_spec_tokens={self._params.max_spec_tokens}>"
+        )
+
+    def draft(self, items: Sequence[BatchItem]) -> list[Draft]:
+        """Append each item's new tokens to its cursor, then draft; one result per item.
+
+        Raises:
+            CapacityError: more than ``max_batch`` items.
+            TypeError: an item is not ``(Cursor, SuffixTree | None, tokens | None)``.
+            InvalidArgumentError: the same cursor appears twice.
+            RuntimeError: a cursor or tree is in use by another thread, or
+                this drafter is.
+            TreeClosedError: a cursor or tree is closed.
+        """
+        items = list(items)
+        n = len(items)
+        if n == 0:
+            return []
+        if n > self._max_batch:
+            raise CapacityError(
+                f"batch of {n} items exceeds max_batch={self._max_batch}", "split the batch"
+            )
+        cursors, trees, new_tokens, offsets = self._convert(items)
+        if not self._lock.acquire(False):
+            raise RuntimeError("concurrent use of a BatchDrafter from several threads")
+        try:
+            status = self._run(cursors, trees, new_tokens, offsets)
+            if status:
+                failed = self._bufs.first_error(n)
+                if failed is None:
+                    raise _lowlevel.error(status)
+                raise _lowlevel.error(failed[1], f"batch item {failed[0]}")
+            return [
+                Draft(tokens, parents, probs, score, match_len, SOURCES[source])
+                for tokens, parents, probs, score, match_len, source in self._bufs.results(n)
+            ]
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _convert(
+        items: list[Any],
+    ) -> tuple[list[Cursor], list[SuffixTree | None], array.array[int] | None, list[int]]:
+        """Check the items and pack their new tokens into one array; no side effects."""
+        cursors: list[Cursor] = []
+        trees: list[SuffixTree | None] = []
+        packed = array.array("i")
+        offsets = [0]
+        any_tokens = False
+        for i, item in enumerate(items):
+            try:
+                cursor, tree, tokens = item
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"batch item {i} must be (cursor, global_tree_or_None, new_tokens_or_None)"
+                ) from None
+            if type(cursor) is not Cursor and not isinstance(cursor, Cursor):
+                raise TypeError(f"batch item {i}: expected a Cursor, not {type(cursor).__name__}")
+            if tree is not None and not isinstance(tree, SuffixTree):
+                raise TypeError(
+                    f"batch item {i}: expected a SuffixTree or None, not {type(tree).__name__}"
+                )
+            cursors.append(cursor)
+            trees.append(tree)
+            if tokens is not None:
+                any_tokens = True
+                try:
+                    if type(tokens) is list:
+                        try:
+                            packed.extend(tokens)
+                        except (OverflowError, TypeError):
+                            as_int32_buffer(tokens)  # raises the precise error
+                            raise  # pragma: no cover  (as_int32_buffer raised)
+                    else:
+                        _, _, keep = as_int32_buffer(tokens)
+                        packed.frombytes(memoryview(keep).cast("B"))
+                except (TypeError, ValueError) as exc:
+                    _note(exc, i)
+                    raise
+            offsets.append(len(packed))
+        if len(set(map(id, cursors))) != len(cursors):
+            seen: set[int] = set()
+            for i, cursor in enumerate(cursors):
+                if id(cursor) in seen:
+                    raise InvalidArgumentError(
+                        "the same cursor appears twice in a batch", f"item {i}"
+                    )
+                seen.add(id(cursor))
+        if not any_tokens:
+            return cursors, trees, None, offsets
+        if packed and min(packed) < 0:
+            first = next(j for j, v in enumerate(packed) if v < 0)
+            i = bisect.bisect_right(offsets, first) - 1
+            raise _lowlevel.error(
+                _lowlevel.ERR_INVALID_TOKEN,
+                f"batch item {i}",
+                f"index {first - offsets[i]}: value {packed[first]}",
+            )
+        return cursors, trees, packed, offsets
+
+    def _run(
+        self,
+        cursors: list[Cursor],
+        trees: list[SuffixTree | None],
+        new_tokens: array.array[int] | None,
+        offsets: list[int],
+    ) -> int:
+        """Lock every cursor and tree, make the native call, unlock."""
+        n = len(cursors)
+        bufs = self._bufs
+        c_cursors = bufs.cursors
+        c_globals = bufs.globals
+        entered: list[Cursor] = []
+        reading: dict[int, SuffixTree] = {}
+        handles: dict[int, _lowlevel.CData] = {}
+        try:
+            for i in range(n):
+                c_cursors[i] = cursors[i]._enter()
+                entered.append(cursors[i])
+                tree = trees[i]
+                if tree is None:
+                    c_globals[i] = _lowlevel.NULL
+                else:
+                    key = id(tree)
+                    h = handles.get(key)
+                    if h is None:
+                        h = handles[key] = read_begin(tree)
+                        reading[key] = tree
+                    c_globals[i] = h
+            return bufs.run(n, new_tokens, offsets, self._params._c, self._threads)
+        finally:
+            # The pointer rows keep stale handles until the next call
+            # overwrites them; they are never read past row n-1.
+            for tree in reading.values():
+                tree._read_end()
+            for cursor in entered:
+                cursor._lock.release()
+
+
+def draft_batch(
+    items: Iterable[BatchItem], params: DraftParams | None = None, threads: int = 1
+) -> list[Draft]:
+    """One-shot `BatchDrafter.draft` (allocates buffers for exactly these items)."""
+    batch = list(items)
+    if not batch:
+        return []
+    return BatchDrafter(params, max_batch=len(batch), threads=threads).draft(batch)

@@ -1,0 +1,417 @@
+"""Drop-in replacement for ``arctic_inference.suffix_decoding``.
+
+`SuffixDecodingCache` has the constructor, methods and properties of
+arctic-inference's class of the same name (0.3.0), so code written for it —
+vLLM's ``SuffixDecodingProposer`` for instance — runs unchanged::
+
+    from agentspec.compat import SuffixDecodingCache, SuffixDecodingDraft
+
+Behaviour follows arctic's: a per-request tree over prompt + response, a
+global tree of responses shared by all requests (in-flight responses are
+visible to other requests immediately), FIFO eviction beyond
+``max_cached_requests`` (-1: unlimited, 0: no global tree), and the better
+of the two trees' drafts (the per-request one on ties).
+
+Differences, all fixes or extensions:
+
+- ``speculate(max_spec_tokens=None)`` drafts up to ``max_tree_depth`` tokens
+  (arctic raises AttributeError); a value <= 0 returns an empty draft.
+- A context of a single token can draft.
+- A pattern's occurrence as the context itself does not count, so a string
+  seen once before has probability 1.0, not 0.5.
+- `start_request` is atomic: on any error nothing is registered.
+- Optional budgets ``max_cached_tokens`` / ``max_cached_bytes`` evict the
+  oldest cached responses (never the one being added) until the global
+  tree fits.
+- When the context passed to `speculate` is the tail of what the request
+  has seen (prompt + responses), drafting is incremental and costs about the
+  match length rather than re-walking every pattern from the root.
+
+Not thread-safe: use one cache from one thread (as vLLM does).
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Hashable, KeysView, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentspec import _lowlevel
+from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
+from agentspec._log import get_logger
+from agentspec._tokens import TokenArray, as_int32_buffer, check_ndarray
+from agentspec._tree import SuffixTree
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = ["SuffixDecodingCache", "SuffixDecodingDraft"]
+
+_MAX_CACHED_REQUESTS = 0x7FFFFFFF
+_PARAMS_CACHE_SIZE = 256
+
+
+@dataclass
+class SuffixDecodingDraft:
+    """A draft returned by `SuffixDecodingCache.speculate`.
+
+    Attributes:
+        token_ids: the drafted tokens.
+        parents: index of each token's parent in the draft, -1 for tokens
+            that follow the context directly (a chain: ``[-1, 0, 1, ...]``).
+        probs: each token's estimated acceptance probability.
+        score: the sum of ``probs``.
+        match_len: length of the matched context suffix (0: no draft).
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    score: float = 0.0
+    match_len: int = 0
+
+    @staticmethod
+    def from_native(draft: Draft) -> SuffixDecodingDraft:
+        """Build from an `agentspec.Draft` (arctic builds from its native Draft)."""
+        return SuffixDecodingDraft(
+            draft.token_ids, draft.parents, draft.probs, draft.score, draft.match_len
+        )
+
+
+class _Request:
+    """State of one active request."""
+
+    __slots__ = ("cursor", "length", "seq_id", "tail", "warned")
+
+    def __init__(self, cursor: Cursor, seq_id: int | None, tail: list[int], length: int) -> None:
+        self.cursor = cursor
+        self.seq_id = seq_id
+        self.tail = tail  # the last tokens of prompt + response (at least max_depth-1)
+        self.length = length  # tokens in prompt + response
+        self.warned = False
+
+
+def _check_limit(name: str, value: object, *, allow_none: bool) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgumentError(f"{name} must be >= 0", f"got {value}")
+    return value
+
+
+class SuffixDecodingCache:
+    """Suffix-decoding state of a serving engine: per-request and global trees.
+
+    Lifecycle of a request: `start_request` with its prompt, then per decode
+    step `add_active_response` with the newly accepted tokens and
+    `speculate` with the current context, then `stop_request`.  The response
+    stays in the global tree (visible to later requests) until evicted.
+
+    Args:
+        max_tree_depth: depth of every tree (longest indexed string); also the
+            default ``max_spec_tokens`` of `speculate`.
+        max_cached_requests: responses kept in the global tree; the oldest is
+            evicted first (FIFO).  -1: unlimited; 0: no global tree at all.
+        max_cached_tokens: optional budget on tokens in the global tree.
+        max_cached_bytes: optional budget on the global tree's memory.
+    """
+
+    def __init__(
+        self,
+        max_tree_depth: int = 64,
+        max_cached_requests: int = -1,
+        *,
+        max_cached_tokens: int | None = None,
+        max_cached_bytes: int | None = None,
+    ) -> None:
+        """Create an empty cache (see the class docstring for the arguments).
+
+        Raises:
+            InvalidArgumentError: max_tree_depth outside [2, 1024],
+                max_cached_requests < -1 or > 2**31-1, a negative budget.
+        """
+        depth = check_max_depth(max_tree_depth)
+        if isinstance(max_cached_requests, bool) or not isinstance(max_cached_requests, int):
+            raise TypeError(
+                f"max_cached_requests must be an int, not {type(max_cached_requests).__name__}"
+            )
+        if not -1 <= max_cached_requests <= _MAX_CACHED_REQUESTS:
+            raise InvalidArgumentError(
+                f"max_cached_requests must be -1 (unlimited) or in [0, {_MAX_CACHED_REQUESTS}]",
+                f"got {max_cached_requests}",
+            )
+        self._max_tokens = _check_limit("max_cached_tokens", max_cached_tokens, allow_none=True)
+        self._max_bytes = _check_limit("max_cached_bytes", max_cached_bytes, allow_none=True)
+        self._max_tree_depth = depth
+        self._max_cached_requests = max_cached_requests
+        self._global = SuffixTree(depth)
+        self._use_global = max_cached_requests != 0
+        self._active: dict[Hashable, _Request] = {}
+        # Cached responses, oldest first: request id -> sequence id in the global tree.
+        self._cached: dict[Hashable, int] = {}
+        self._next_seq_id = 0
+        self._params: dict[tuple[Any, ...], DraftParams] = {}
+        self._default_spec = min(depth, _lowlevel.MAX_SPEC_LIMIT)
+
+    # --- properties (arctic's) ---------------------------------------------
+
+    @property
+    def max_tree_depth(self) -> int:
+        """Depth of the trees."""
+        return self._max_tree_depth
+
+    @property
+    def max_cached_requests(self) -> int:
+        """Most responses kept in the global tree (-1: unlimited, 0: none)."""
+        return self._max_cached_requests
+
+    @property
+    def active_requests(self) -> KeysView[Hashable]:
+        """Ids of requests between `start_request` and `stop_request`."""
+        return self._active.keys()
+
+    @property
+    def cached_requests(self) -> KeysView[Hashable]:
+        """Ids of requests whose response is in the global tree, oldest first."""
+        return self._cached.keys()
+
+    # --- extensions --------------------------------------------------------
+
+    @property
+    def max_cached_tokens(self) -> int | None:
+        """Token budget of the global tree (None: none)."""
+        return self._max_tokens
+
+    @property
+    def max_cached_bytes(self) -> int | None:
+        """Memory budget of the global tree in bytes (None: none)."""
+        return self._max_bytes
+
+    @property
+    def global_tree(self) -> SuffixTree:
+        """The global tree of cached responses (read it, do not modify it)."""
+        return self._global
+
+    # --- request lifecycle ---------------------------------------------------
+
+    def start_request(self, req_id: Hashable, prompt_token_ids: TokenArray) -> None:
+        """Register a new request with its prompt.
+
+        A cached response of an earlier request with the same id is evicted.
+        On any error nothing is registered and nothing is evicted.
+
+        Raises:
+            ValueError (InvalidArgumentError): the request is already active.
+            TypeError, InvalidTokenError: bad prompt tokens.
+        """
+        hash(req_id)
+        if req_id in self._active:
+            raise InvalidArgumentError(f"request {req_id!r} is already active")
+        _, n, keep = as_int32_buffer(prompt_token_ids)
+        cursor = Cursor(self._max_tree_depth, local_tree=True, prompt=keep)
+        tail: list[int] = keep[-2 * self._max_tree_depth :].tolist()
+        # Nothing below can fail on user input: commit.
+        seq_id: int | None = None
+        if self._use_global:
+            if req_id in self._cached:
+                self._evict(req_id)
+            seq_id = self._next_seq_id
+            self._next_seq_id += 1
+            self._cached[req_id] = seq_id
+            self._enforce_count(req_id)
+        self._active[req_id] = _Request(cursor, seq_id, tail, n)
+
+    def stop_request(self, req_id: Hashable) -> None:
+        """End a request: its response stays cached (closed), its own tree is freed.
+
+        Raises:
+            ValueError (InvalidArgumentError): the request is not active.
+        """
+        req = self._active.pop(req_id, None)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
+        seq_id = req.seq_id
+        if seq_id is not None and self._cached.get(req_id) == seq_id and seq_id in self._global:
+            self._global.close_sequence(seq_id)
+        req.cursor.close()
+
+    def add_active_response(self, req_id: Hashable, token_ids: TokenArray) -> None:
+        """Append newly generated tokens to a request (its tree and the global tree).
+
+        Raises:
+            ValueError (InvalidArgumentError): the request is not active.
+            TypeError, InvalidTokenError: bad tokens (nothing is appended).
+        """
+        req = self._active.get(req_id)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
+        ptr, n, keep = as_int32_buffer(token_ids)
+        if n == 0:
+            return
+        req.cursor._extend_buffer(ptr, n, keep)  # refuses bad tokens before any change
+        seq_id = req.seq_id
+        if seq_id is not None and self._cached.get(req_id) == seq_id:
+            self._global._append_buffer(seq_id, ptr, n, keep)
+            if self._max_tokens is not None or self._max_bytes is not None:
+                self._enforce_budget(req_id, req)
+        tail = req.tail
+        tail.extend(keep.tolist())
+        if len(tail) > 2 * self._max_tree_depth:
+            del tail[: -self._max_tree_depth]
+        req.length += n
+
+    def evict_cached_response(self, req_id: Hashable) -> None:
+        """Remove a request's response from the global tree.
+
+        Raises:
+            ValueError (InvalidArgumentError): no cached response for that id.
+        """
+        if req_id not in self._cached:
+            raise InvalidArgumentError(f"request {req_id!r} has no cached response")
+        self._evict(req_id)
+
+    # --- drafting ------------------------------------------------------------
+
+    def speculate(
+        self,
+        req_id: Hashable,
+        context: TokenArray,
+        max_spec_tokens: int | None = None,
+        max_spec_factor: float = 1.0,
+        max_spec_offset: float = 0.0,
+        min_token_prob: float = 0.1,
+        use_tree_spec: bool = False,
+    ) -> SuffixDecodingDraft:
+        """Draft continuations of ``context`` for an active request.
+
+        ``context`` is the request's text so far, usually its last
+        ``max_tree_depth`` tokens.  Drafts have at most ``max_spec_tokens``
+        tokens (default ``max_tree_depth``; <= 0 gives an empty draft) and at
+        most ``max_spec_factor * match_len + max_spec_offset``.
+
+        Raises:
+            ValueError (InvalidArgumentError): the request is not active, or a
+                parameter is out of range.
+            TypeError, InvalidTokenError: bad context tokens.
+        """
+        req = self._active.get(req_id)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
+        if max_spec_tokens is None:
+            spec = self._default_spec
+        else:
+            if isinstance(max_spec_tokens, bool) or not isinstance(max_spec_tokens, int):
+                raise TypeError(
+                    f"max_spec_tokens must be an int or None, not {type(max_spec_tokens).__name__}"
+                )
+            if max_spec_tokens <= 0:
+                return SuffixDecodingDraft()
+            spec = min(max_spec_tokens, _lowlevel.MAX_SPEC_LIMIT)
+        params = self._get_params(
+            spec, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec
+        )
+        global_tree = self._global if self._use_global else None
+        ctx: Any = context
+        if isinstance(ctx, np.ndarray):
+            check_ndarray(ctx)
+        elif not isinstance(ctx, (list, tuple, array.array)):
+            ctx = as_int32_buffer(ctx)[2]
+        if self._is_tail(req, ctx):
+            result = req.cursor._draft_result(global_tree, params)
+        else:
+            result = req.cursor._draft_context(ctx[-self._max_tree_depth :], global_tree, params)
+        return SuffixDecodingDraft(*result[:5])
+
+    # --- internals -----------------------------------------------------------
+
+    def _is_tail(self, req: _Request, context: Sequence[int] | Any) -> bool:
+        """Whether drafting from ``context`` equals drafting from the request's cursor.
+
+        True when the context ends with the request's known tokens and covers
+        every pattern length the cursor would try (max_tree_depth-1 tokens, or
+        the whole known context when it is shorter).
+        """
+        size = len(context)
+        if size > req.length or size < min(self._max_tree_depth - 1, req.length):
+            return False
+        m = min(size, self._max_tree_depth - 1)
+        if m == 0:
+            return True
+        tail = context[-m:]
+        if type(tail) is not list:
+            tail = tail.tolist() if hasattr(tail, "tolist") else list(tail)
+        return bool(tail == req.tail[-m:])
+
+    def _get_params(
+        self, spec: int, factor: float, offset: float, min_prob: float, tree: bool
+    ) -> DraftParams:
+        """A cached `DraftParams` for these speculate arguments."""
+        key = (spec, factor, offset, min_prob, tree)
+        params = self._params.get(key)
+        if params is None:
+            params = DraftParams(
+                max_spec_tokens=spec,
+                alpha=factor,
+                offset=offset,
+                min_token_prob=min_prob,
+                tree=bool(tree),
+                use_global=self._use_global,
+            )
+            if len(self._params) >= _PARAMS_CACHE_SIZE:
+                self._params.clear()
+            self._params[key] = params
+        return params
+
+    def _evict(self, req_id: Hashable) -> None:
+        """Drop a cached response (the request may still be active)."""
+        seq_id = self._cached.pop(req_id)
+        if seq_id in self._global:
+            self._global.remove(seq_id)
+
+    def _enforce_count(self, protect: Hashable) -> None:
+        """FIFO-evict beyond max_cached_requests, never ``protect``."""
+        limit = self._max_cached_requests
+        if limit < 0:
+            return
+        while len(self._cached) > limit:
+            victim = next((r for r in self._cached if r != protect), _NONE)
+            if victim is _NONE:
+                return
+            self._evict(victim)
+
+    def _enforce_budget(self, protect: Hashable, req: _Request) -> None:
+        """Evict the oldest cached responses until the global tree fits its budgets."""
+        max_tokens, max_bytes = self._max_tokens, self._max_bytes
+        while True:
+            stats = self._global.stats()
+            if (max_tokens is None or stats.tokens <= max_tokens) and (
+                max_bytes is None or stats.bytes <= max_bytes
+            ):
+                return
+            victim = next((r for r in self._cached if r != protect), _NONE)
+            if victim is _NONE:
+                if not req.warned:
+                    req.warned = True
+                    get_logger().warning(
+                        "cached response alone exceeds the cache budget",
+                        req_id=repr(protect),
+                        tokens=stats.tokens,
+                        bytes=stats.bytes,
+                        max_cached_tokens=max_tokens,
+                        max_cached_bytes=max_bytes,
+                    )
+                return
+            self._evict(victim)
+
+    def __repr__(self) -> str:
+        """Short description."""
+        return (
+            f"<SuffixDecodingCache max_tree_depth={self._max_tree_depth} "
+            f"active={len(self._active)} cached={len(self._cached)}>"
+        )
+
+
+_NONE: Any = object()

@@ -1,0 +1,379 @@
+"""agentspec.compat: arctic-inference's SuffixDecodingCache API, with its defects fixed.
+
+Hand-checked examples use depth 8 and the text [1, 2, 3, 9, 1, 2]: after it,
+the request's own tree drafts [3, 9] at probability 1.0 each (arctic counts
+the context's own occurrence and reports 0.5).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentspec import Draft, SuffixTree
+from agentspec.compat import SuffixDecodingCache, SuffixDecodingDraft
+from agentspec.exceptions import InvalidTokenError
+
+DEPTH = 8
+P = [1, 2, 3, 9, 1, 2]
+
+# arctic_inference.suffix_decoding.SuffixDecodingCache 0.3.0, as documented in
+# /work/shared/notes/arctic-reference.md section 2.1: (name, default) per parameter.
+_EMPTY = inspect.Parameter.empty
+ARCTIC_METHODS: dict[str, list[tuple[str, object]]] = {
+    "__init__": [("max_tree_depth", 64), ("max_cached_requests", -1)],
+    "start_request": [("req_id", _EMPTY), ("prompt_token_ids", _EMPTY)],
+    "stop_request": [("req_id", _EMPTY)],
+    "add_active_response": [("req_id", _EMPTY), ("token_ids", _EMPTY)],
+    "evict_cached_response": [("req_id", _EMPTY)],
+    "speculate": [
+        ("req_id", _EMPTY),
+        ("context", _EMPTY),
+        ("max_spec_tokens", None),
+        ("max_spec_factor", 1.0),
+        ("max_spec_offset", 0.0),
+        ("min_token_prob", 0.1),
+        ("use_tree_spec", False),
+    ],
+}
+ARCTIC_PROPERTIES = ["active_requests", "cached_requests", "max_tree_depth", "max_cached_requests"]
+
+
+def finished(
+    cache: SuffixDecodingCache, req_id: object, prompt: list[int], response: list[int]
+) -> None:
+    """Run a whole request through the cache: start, respond, stop."""
+    cache.start_request(req_id, prompt)
+    cache.add_active_response(req_id, response)
+    cache.stop_request(req_id)
+
+
+# --- API parity -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ARCTIC_METHODS))
+def test_method_signatures_match_arctic(name: str) -> None:
+    """Every arctic method exists with the same positional parameters and defaults."""
+    params = list(inspect.signature(getattr(SuffixDecodingCache, name)).parameters.values())[1:]
+    positional = [p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [(p.name, p.default) for p in positional] == ARCTIC_METHODS[name]
+    extras = [p for p in params if p.kind is not p.POSITIONAL_OR_KEYWORD]
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is None for p in extras)
+
+
+def test_properties_match_arctic() -> None:
+    """arctic's four properties exist and report the constructor's values."""
+    cache = SuffixDecodingCache(12, 5)
+    for name in ARCTIC_PROPERTIES:
+        assert isinstance(inspect.getattr_static(SuffixDecodingCache, name), property)
+    assert (cache.max_tree_depth, cache.max_cached_requests) == (12, 5)
+    assert list(cache.active_requests) == list(cache.cached_requests) == []
+
+
+def test_draft_record_matches_arctic() -> None:
+    """SuffixDecodingDraft has arctic's fields, defaults and from_native()."""
+    empty = SuffixDecodingDraft()
+    assert (empty.token_ids, empty.parents, empty.probs, empty.score, empty.match_len) == (
+        [],
+        [],
+        [],
+        0.0,
+        0,
+    )
+    native = Draft([4, 5], [-1, 0], [1.0, 0.5], 1.5, 2, "local")
+    assert SuffixDecodingDraft.from_native(native) == SuffixDecodingDraft(
+        [4, 5], [-1, 0], [1.0, 0.5], 1.5, 2
+    )
+
+
+# --- speculate ----------------------------------------------------------------------
+
+
+def test_speculate_from_own_context_is_not_deflated() -> None:
+    """The request's own text drafts [3, 9] at 1.0 each (arctic: 0.5)."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", P)
+    d = cache.speculate("a", P)
+    assert d == SuffixDecodingDraft([3, 9], [-1, 0], [1.0, 1.0], 2.0, 2)
+
+
+def test_default_max_spec_tokens_works() -> None:
+    """max_spec_tokens=None drafts (arctic raises AttributeError) and equals max_tree_depth."""
+    cache = SuffixDecodingCache(DEPTH)
+    ctx = [10, 11, 12, 13, 14, 15, 16, 17, 18, 10]
+    cache.start_request("a", ctx)
+    d = cache.speculate("a", ctx, max_spec_factor=100.0)
+    # The match [10] may grow to depth 8: seven tokens, each at probability 1.
+    assert d.token_ids == [11, 12, 13, 14, 15, 16, 17]
+    assert d == cache.speculate("a", ctx, max_spec_tokens=DEPTH, max_spec_factor=100.0)
+
+
+def test_non_positive_max_spec_tokens_gives_empty_draft() -> None:
+    """vLLM may pass 0 or a negative budget near max_model_len: the draft is empty."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", P)
+    assert cache.speculate("a", P, max_spec_tokens=0) == SuffixDecodingDraft()
+    assert cache.speculate("a", P, max_spec_tokens=-3) == SuffixDecodingDraft()
+    assert cache.speculate("a", P, max_spec_tokens=1).token_ids == [3]
+
+
+def test_context_of_length_one_drafts() -> None:
+    """A one-token context drafts from the global tree (arctic never matches it)."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "old", [0], [4, 5])
+    cache.start_request("new", [4])
+    assert cache.speculate("new", [4]) == SuffixDecodingDraft([5], [-1], [1.0], 1.0, 1)
+
+
+def test_foreign_context_is_drafted_as_given() -> None:
+    """A context that is not the request's tail is matched as given: [5, 3] drafts 9."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", P)
+    assert cache.speculate("a", [5, 3]).token_ids == [9]
+    assert cache.speculate("a", [7, 1, 2]).token_ids == [3, 9]
+
+
+def test_context_forms_agree() -> None:
+    """list, tuple, int32 numpy and a short tail all give the same draft here."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", [7, 7, *P])
+    expected = SuffixDecodingDraft([3, 9], [-1, 0], [1.0, 1.0], 2.0, 2)
+    ctx = [7, 7, *P]
+    for form in (ctx, tuple(ctx), np.array(ctx, dtype=np.int32), ctx[-3:], iter(ctx)):
+        assert cache.speculate("a", form) == expected
+    with pytest.raises(TypeError):
+        cache.speculate("a", np.array(ctx, dtype=np.int64))
+
+
+def test_tree_spec_branches() -> None:
+    """use_tree_spec drafts the 7/9 branch of a cached response."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "old", [0], [1, 2, 3, 9, 1, 2, 3, 7])
+    cache.start_request("new", [5, 1, 2])
+    d = cache.speculate("new", [5, 1, 2], use_tree_spec=True, max_spec_offset=10.0)
+    assert d.token_ids == [3, 7, 9, 1, 2, 3, 7]
+    assert d.parents == [-1, 0, 0, 2, 3, 4, 5]
+    assert d.score == 4.0
+
+
+def test_min_token_prob_is_applied() -> None:
+    """min_token_prob=0.6 drops the 0.5 branch of the cached response."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "old", [0], [1, 2, 3, 9, 1, 2, 3, 7])
+    cache.start_request("new", [5, 1, 2])
+    assert cache.speculate("new", [5, 1, 2]).token_ids == [3, 7]
+    assert cache.speculate("new", [5, 1, 2], min_token_prob=0.6).token_ids == [3]
+
+
+# --- request lifecycle ------------------------------------------------------------------
+
+
+def test_in_flight_response_is_visible_to_others() -> None:
+    """Tokens added to an active request can be drafted by another request at once."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", [0])
+    cache.add_active_response("a", [1, 2, 3, 4])
+    cache.start_request("b", [1, 2])
+    assert cache.speculate("b", [1, 2]) == SuffixDecodingDraft([3, 4], [-1, 0], [1.0, 1.0], 2.0, 2)
+    assert cache.global_tree.stats().open_sequences == 1
+
+
+def test_incremental_responses_extend_the_context() -> None:
+    """Each add_active_response moves the request's match; the draft follows it."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", P)
+    cache.add_active_response("a", [3])
+    ctx = [*P, 3]
+    d = cache.speculate("a", ctx)
+    assert (d.token_ids, d.match_len) == ([9, 1, 2], 3)
+    cache.add_active_response("a", np.array([9], dtype=np.int32))
+    d = cache.speculate("a", [*ctx, 9])
+    assert (d.token_ids, d.match_len) == ([1, 2, 3, 9], 4)
+
+
+def test_stop_request_keeps_the_response_cached() -> None:
+    """stop_request() ends the request; its response stays in the (closed) global tree."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "a", [0], [1, 2, 3])
+    assert list(cache.active_requests) == []
+    assert list(cache.cached_requests) == ["a"]
+    stats = cache.global_tree.stats()
+    assert (stats.sequences, stats.open_sequences, stats.tokens) == (1, 0, 3)
+
+
+def test_prompts_are_not_cached_globally() -> None:
+    """Only responses enter the global tree, as in arctic."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "a", [7, 8, 9], [1, 2])
+    assert cache.global_tree.count([8, 9]) == 0
+    assert cache.global_tree.count([1, 2]) == 1
+
+
+def test_fifo_eviction_by_request_count() -> None:
+    """With max_cached_requests=2 the third request evicts the first one's response."""
+    cache = SuffixDecodingCache(DEPTH, max_cached_requests=2)
+    finished(cache, "a", [0], [1, 1, 1])
+    finished(cache, "b", [0], [2, 2])
+    finished(cache, "c", [0], [3])
+    assert list(cache.cached_requests) == ["b", "c"]
+    assert cache.global_tree.count([1]) == 0
+    assert cache.global_tree.count([2, 2]) == 1
+
+
+def test_zero_cached_requests_disables_the_global_tree() -> None:
+    """max_cached_requests=0: nothing is cached and only the request's own text drafts."""
+    cache = SuffixDecodingCache(DEPTH, max_cached_requests=0)
+    finished(cache, "a", [0], [1, 2, 3, 4])
+    cache.start_request("b", [1, 2])
+    assert list(cache.cached_requests) == []
+    assert cache.speculate("b", [1, 2]) == SuffixDecodingDraft()
+    assert len(cache.global_tree) == 0
+
+
+def test_reused_request_id_replaces_its_cached_response() -> None:
+    """Starting a finished request id again evicts its old response."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "a", [0], [1, 2, 3])
+    cache.start_request("a", [0])
+    assert cache.global_tree.count([1, 2, 3]) == 0
+    assert list(cache.cached_requests) == ["a"]
+    cache.add_active_response("a", [4, 5])
+    assert cache.global_tree.count([4, 5]) == 1
+
+
+def test_evict_cached_response() -> None:
+    """evict_cached_response() removes a response; an active request then stops feeding it."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", [0])
+    cache.add_active_response("a", [1, 2])
+    cache.evict_cached_response("a")
+    assert list(cache.cached_requests) == []
+    cache.add_active_response("a", [3])
+    assert len(cache.global_tree) == 0
+    assert list(cache.active_requests) == ["a"]
+    with pytest.raises(ValueError, match="no cached response"):
+        cache.evict_cached_response("a")
+
+
+def test_hashable_request_ids() -> None:
+    """Request ids may be any hashable: strings, ints, tuples."""
+    cache = SuffixDecodingCache(DEPTH)
+    for rid in ("x", 7, ("batch", 3)):
+        finished(cache, rid, [0], [rid.__hash__() % 5 + 1])
+    assert list(cache.cached_requests) == ["x", 7, ("batch", 3)]
+    with pytest.raises(TypeError):
+        cache.start_request(["unhashable"], [1])  # type: ignore[arg-type]
+
+
+# --- errors and atomicity -----------------------------------------------------------------
+
+
+def test_failed_start_request_registers_nothing() -> None:
+    """A bad prompt (list or int32 array) leaves no active, cached or evicted state behind."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "a", [0], [1, 2, 3])
+    for bad in ([1, -1], np.array([4, -4], dtype=np.int32)):
+        with pytest.raises(InvalidTokenError):
+            cache.start_request("a", bad)
+        with pytest.raises(InvalidTokenError):
+            cache.start_request("b", bad)
+    assert list(cache.active_requests) == []
+    assert list(cache.cached_requests) == ["a"]
+    assert cache.global_tree.count([1, 2, 3]) == 1
+
+
+def test_double_start_and_unknown_requests() -> None:
+    """Active ids cannot start twice; unknown ids raise ValueError everywhere."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", [1])
+    with pytest.raises(ValueError, match="already active"):
+        cache.start_request("a", [1])
+    for call in (
+        lambda: cache.stop_request("zz"),
+        lambda: cache.add_active_response("zz", [1]),
+        lambda: cache.speculate("zz", [1]),
+    ):
+        with pytest.raises(ValueError, match="not active"):
+            call()
+
+
+def test_bad_response_tokens_change_nothing() -> None:
+    """A rejected add_active_response leaves both trees as they were."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", P)
+    cache.add_active_response("a", [5])
+    bad_inputs: list[Any] = [[6, 2**31], np.array([6, -1], dtype=np.int32), [6, 1.5]]
+    for bad in bad_inputs:
+        with pytest.raises((InvalidTokenError, TypeError)):
+            cache.add_active_response("a", bad)
+    assert cache.global_tree.sequence(0) == [5]
+    assert cache.speculate("a", [*P, 5]) == cache.speculate("a", [9, 1, 2, 5])
+
+
+def test_constructor_validation() -> None:
+    """Bad depths, request limits and budgets raise ValueError or TypeError."""
+    for args, kwargs in (
+        ((1,), {}),
+        ((8, -2), {}),
+        ((8, 2**31), {}),
+        ((8,), {"max_cached_tokens": -1}),
+        ((8,), {"max_cached_bytes": -5}),
+    ):
+        with pytest.raises(ValueError, match="must be"):
+            SuffixDecodingCache(*args, **kwargs)
+    with pytest.raises(TypeError):
+        SuffixDecodingCache(8, 2.0)  # type: ignore[arg-type]
+    assert SuffixDecodingCache(8, 2**31 - 1).max_cached_requests == 2**31 - 1
+
+
+# --- budgets ---------------------------------------------------------------------------------
+
+
+def test_token_budget_evicts_oldest_first() -> None:
+    """max_cached_tokens=5: growing b past 5 tokens evicts a; b alone may exceed it."""
+    cache = SuffixDecodingCache(DEPTH, max_cached_tokens=5)
+    finished(cache, "a", [0], [1, 2, 3, 4])
+    cache.start_request("b", [0])
+    cache.add_active_response("b", [5])
+    assert list(cache.cached_requests) == ["a", "b"]  # 5 tokens: within budget
+    cache.add_active_response("b", [6])
+    assert list(cache.cached_requests) == ["b"]
+    assert cache.global_tree.stats().tokens == 2
+    cache.add_active_response("b", [7, 8, 9, 10, 11])
+    assert list(cache.cached_requests) == ["b"]  # never evicts the request being added
+    assert cache.global_tree.stats().tokens == 7
+    assert cache.max_cached_tokens == 5
+
+
+def _run_two(cache: SuffixDecodingCache) -> int:
+    """Cache response a, then stream response b; return the global bytes at b's last append."""
+    finished(cache, "a", [0], [1, 2, 3, 4])
+    cache.start_request("b", [0])
+    cache.add_active_response("b", [5, 6, 7])
+    return cache.global_tree.stats().bytes
+
+
+def test_byte_budget_evicts_when_exceeded() -> None:
+    """A byte budget one below the two-response size evicts a; exactly that size keeps both."""
+    both = _run_two(SuffixDecodingCache(DEPTH))
+    tight = SuffixDecodingCache(DEPTH, max_cached_bytes=both - 1)
+    _run_two(tight)
+    assert list(tight.cached_requests) == ["b"]
+    assert tight.global_tree.count([1, 2]) == 0
+    assert tight.global_tree.stats().bytes <= both - 1
+    exact = SuffixDecodingCache(DEPTH, max_cached_bytes=both)
+    _run_two(exact)
+    assert list(exact.cached_requests) == ["a", "b"]
+    assert exact.max_cached_bytes == both
+
+
+def test_repr_and_global_tree_type() -> None:
+    """repr() summarises the cache; global_tree is a SuffixTree of the cache's depth."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("a", [1])
+    assert repr(cache) == "<SuffixDecodingCache max_tree_depth=8 active=1 cached=1>"
+    assert isinstance(cache.global_tree, SuffixTree)
+    assert cache.global_tree.max_depth == DEPTH
