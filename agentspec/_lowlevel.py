@@ -461,6 +461,21 @@ def draft(cur: CData, global_tree: CData, params: CData, bufs: DraftBuffers) -> 
         raise error(st)
 
 
+def draft_tail(
+    cur: CData,
+    global_tree: CData,
+    ptr: CData,
+    n: int,
+    keep: object,
+    params: CData,
+    bufs: DraftBuffers,
+) -> None:
+    """Draft for a caller's context: incremental when it is the cursor's own tail."""
+    st = lib.as_draft_tail(cur, global_tree, ptr, n, params, bufs.out)
+    if st:
+        _check_tokens(st, keep)
+
+
 def draft_context(
     global_tree: CData,
     local_tree: CData,

@@ -32,17 +32,14 @@ Not thread-safe: use one cache from one thread (as vLLM does).
 
 from __future__ import annotations
 
-import array
-from collections.abc import Hashable, KeysView, Sequence
+from collections.abc import Hashable, KeysView
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from agentspec import _lowlevel
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
 from agentspec._log import get_logger
-from agentspec._tokens import TokenArray, as_int32_buffer, check_ndarray
+from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import InvalidArgumentError
 
@@ -82,13 +79,11 @@ class SuffixDecodingDraft:
 class _Request:
     """State of one active request."""
 
-    __slots__ = ("cursor", "length", "seq_id", "tail", "warned")
+    __slots__ = ("cursor", "seq_id", "warned")
 
-    def __init__(self, cursor: Cursor, seq_id: int | None, tail: list[int], length: int) -> None:
+    def __init__(self, cursor: Cursor, seq_id: int | None) -> None:
         self.cursor = cursor
         self.seq_id = seq_id
-        self.tail = tail  # the last tokens of prompt + response (at least max_depth-1)
-        self.length = length  # tokens in prompt + response
         self.warned = False
 
 
@@ -210,9 +205,8 @@ class SuffixDecodingCache:
         hash(req_id)
         if req_id in self._active:
             raise InvalidArgumentError(f"request {req_id!r} is already active")
-        _, n, keep = as_int32_buffer(prompt_token_ids)
+        keep = as_int32_buffer(prompt_token_ids)[2]
         cursor = Cursor(self._max_tree_depth, local_tree=True, prompt=keep)
-        tail: list[int] = keep[-2 * self._max_tree_depth :].tolist()
         # Nothing below can fail on user input: commit.
         seq_id: int | None = None
         if self._use_global:
@@ -222,7 +216,7 @@ class SuffixDecodingCache:
             self._next_seq_id += 1
             self._cached[req_id] = seq_id
             self._enforce_count(req_id)
-        self._active[req_id] = _Request(cursor, seq_id, tail, n)
+        self._active[req_id] = _Request(cursor, seq_id)
 
     def stop_request(self, req_id: Hashable) -> None:
         """End a request: its response stays cached (closed), its own tree is freed.
@@ -257,11 +251,6 @@ class SuffixDecodingCache:
             self._global._append_buffer(seq_id, ptr, n, keep)
             if self._max_tokens is not None or self._max_bytes is not None:
                 self._enforce_budget(req_id, req)
-        tail = req.tail
-        tail.extend(keep.tolist())
-        if len(tail) > 2 * self._max_tree_depth:
-            del tail[: -self._max_tree_depth]
-        req.length += n
 
     def evict_cached_response(self, req_id: Hashable) -> None:
         """Remove a request's response from the global tree.
@@ -314,36 +303,10 @@ class SuffixDecodingCache:
             spec, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec
         )
         global_tree = self._global if self._use_global else None
-        ctx: Any = context
-        if isinstance(ctx, np.ndarray):
-            check_ndarray(ctx)
-        elif not isinstance(ctx, (list, tuple, array.array)):
-            ctx = as_int32_buffer(ctx)[2]
-        if self._is_tail(req, ctx):
-            result = req.cursor._draft_result(global_tree, params)
-        else:
-            result = req.cursor._draft_context(ctx[-self._max_tree_depth :], global_tree, params)
+        result = req.cursor._draft_tail(context, global_tree, params)
         return SuffixDecodingDraft(*result[:5])
 
     # --- internals -----------------------------------------------------------
-
-    def _is_tail(self, req: _Request, context: Sequence[int] | Any) -> bool:
-        """Whether drafting from ``context`` equals drafting from the request's cursor.
-
-        True when the context ends with the request's known tokens and covers
-        every pattern length the cursor would try (max_tree_depth-1 tokens, or
-        the whole known context when it is shorter).
-        """
-        size = len(context)
-        if size > req.length or size < min(self._max_tree_depth - 1, req.length):
-            return False
-        m = min(size, self._max_tree_depth - 1)
-        if m == 0:
-            return True
-        tail = context[-m:]
-        if type(tail) is not list:
-            tail = tail.tolist() if hasattr(tail, "tolist") else list(tail)
-        return bool(tail == req.tail[-m:])
 
     def _get_params(
         self, spec: int, factor: float, offset: float, min_prob: float, tree: bool

@@ -146,6 +146,8 @@ int as_draft(as_cursor *cur, const as_tree *global, const as_draft_params *param
              as_draft_out *out);
 int as_draft_context(const as_tree *global, const as_tree *local, const int32_t *context,
                      size_t n, const as_draft_params *params, as_draft_out *out);
+int as_draft_tail(as_cursor *cur, const as_tree *global, const int32_t *ctx, size_t n,
+                  const as_draft_params *params, as_draft_out *out);
 int as_draft_batch(as_cursor *const *cursors, const as_tree *const *globals, size_t n_items,
                    const int32_t *new_tokens, const uint64_t *offsets,
                    const as_draft_params *params, int32_t *tokens, int32_t *parents,

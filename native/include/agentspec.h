@@ -274,6 +274,15 @@ int as_draft(as_cursor *cur, const as_tree *global, const as_draft_params *param
 int as_draft_context(const as_tree *global, const as_tree *local, const int32_t *context,
                      size_t n, const as_draft_params *params, as_draft_out *out);
 
+/* Draft for a context given by the caller, normally the tail of the
+ * cursor's own context (what vLLM and arctic-style callers pass).  When ctx
+ * ends with the cursor's last tokens and covers every pattern length the
+ * cursor tracks (min(len, max_depth-1) tokens), this is as_draft, incremental;
+ * otherwise ctx is matched from scratch against the cursor's per-request
+ * tree and `global`, as as_draft_context does. */
+int as_draft_tail(as_cursor *cur, const as_tree *global, const int32_t *ctx, size_t n,
+                  const as_draft_params *params, as_draft_out *out);
+
 /* Batched drafting: one decode step of a serving engine.  For item i:
  * append new_tokens[offsets[i] .. offsets[i+1]) to cursors[i], then draft
  * from cursors[i] and globals[i] (may be NULL) into row i of the outputs:

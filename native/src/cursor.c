@@ -166,28 +166,34 @@ static void gfeed(as_cursor *c, const as_tree *t, uint32_t pmax, int32_t tok) {
     c->g_m = m;
 }
 
+/* Walk patterns of length g_m+1, g_m+2, ... from the root until the first
+ * one that does not occur (patterns are suffix-closed, so none longer does). */
+static void gextend(as_cursor *c, const as_tree *t, uint32_t pmax) {
+    for (uint32_t p = c->g_m + 1; p <= pmax && p <= c->len; p++) {
+        gpoint g = {ROOT, N(t, ROOT)->gen, 0};
+        uint32_t i = 0;
+        for (; i < p; i++)
+            if (!gstep(t, &g, ctx_at(c, c->len - p + i), &g)) break;
+        if (i < p) break;
+        c->g_loc[p] = g;
+        c->g_m = p;
+    }
+}
+
 static void gsync(as_cursor *c, const as_tree *t) {
     uint32_t pmax = (t->max_depth < c->max_depth ? t->max_depth : c->max_depth) - 1;
     int full = c->g_uid != t->uid || c->g_pos > c->len || c->len - c->g_pos > pmax;
     for (uint32_t p = 1; !full && p <= c->g_m; p++)
         if (!gpoint_fix(t, &c->g_loc[p])) full = 1;
-    uint64_t from = c->g_pos;
     if (full) {
+        /* from scratch: one root walk per pattern length, O(m^2) for the
+         * longest match m -- cheaper than replaying the last pmax tokens */
         c->g_m = 0;
-        from = c->len > pmax ? c->len - pmax : 0;
-    }
-    for (uint64_t i = from; i < c->len; i++) gfeed(c, t, pmax, ctx_at(c, i));
-    if (!full && c->g_grow != t->grow_epoch) {
-        /* the tree may now hold longer patterns: try them until the first miss */
-        for (uint32_t p = c->g_m + 1; p <= pmax && p <= c->len; p++) {
-            gpoint g = {ROOT, N(t, ROOT)->gen, 0};
-            uint32_t i = 0;
-            for (; i < p; i++)
-                if (!gstep(t, &g, ctx_at(c, c->len - p + i), &g)) break;
-            if (i < p) break;
-            c->g_loc[p] = g;
-            c->g_m = p;
-        }
+        gextend(c, t, pmax);
+    } else {
+        for (uint64_t i = c->g_pos; i < c->len; i++) gfeed(c, t, pmax, ctx_at(c, i));
+        /* the tree may have grown since: longer patterns may occur now */
+        if (c->g_grow != t->grow_epoch) gextend(c, t, pmax);
     }
     c->g_uid = t->uid;
     c->g_grow = t->grow_epoch;
@@ -227,4 +233,17 @@ int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params,
         cand.plen_max[1] = m;
     }
     return draft_select(&c->sc, &cand, params, out);
+}
+
+int as_draft_tail(as_cursor *c, const as_tree *global, const int32_t *ctx, size_t n,
+                  const as_draft_params *params, as_draft_out *out) {
+    if (c == NULL || out == NULL || (ctx == NULL && n > 0)) return AS_ERR_INVALID_ARG;
+    for (size_t i = 0; i < n; i++)
+        if (ctx[i] < 0) return AS_ERR_INVALID_TOKEN;
+    uint64_t need = c->len < c->max_depth - 1 ? c->len : c->max_depth - 1;
+    int tail = n >= need && n <= c->len;
+    for (uint64_t i = 1; tail && i <= need; i++)
+        tail = ctx[n - i] == c->hist[(c->len - i) % c->max_depth];
+    if (tail) return as_draft(c, global, params, out);
+    return as_draft_context(global, c->local, ctx, n, params, out);
 }
