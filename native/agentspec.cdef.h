@@ -16,6 +16,7 @@
 #define AS_MAX_DEPTH_LIMIT ...
 #define AS_DEFAULT_MAX_DEPTH ...
 #define AS_MAX_SPEC_LIMIT ...
+#define AS_MAX_GLOBALS ...
 
 /* --- Status codes ------------------------------------------------------ */
 
@@ -140,10 +141,13 @@ typedef struct as_draft_out {
     uint32_t match_len;
     uint32_t source;
     double score;
+    uint32_t global_index;
 } as_draft_out;
 
 int as_draft(as_cursor *cur, const as_tree *global, const as_draft_params *params,
              as_draft_out *out);
+int as_draft_multi(as_cursor *cur, const as_tree *const *globals, size_t n_globals,
+                   const as_draft_params *params, as_draft_out *out);
 int as_draft_context(const as_tree *global, const as_tree *local, const int32_t *context,
                      size_t n, const as_draft_params *params, as_draft_out *out);
 int as_draft_tail(as_cursor *cur, const as_tree *global, const int32_t *ctx, size_t n,

@@ -220,7 +220,7 @@ static void step(world *w, fz_reader *r) {
         }
         int32_t ot[16], op_[16];
         float opr[16];
-        as_draft_out o = {ot, op_, opr, 16, 0, 0, 0, 0.0};
+        as_draft_out o = {ot, op_, opr, 16, 0, 0, 0, 0.0, 0};
         if (p.max_spec_tokens > 16) valid = 0;
         int st = as_draft_context(g, l, ctx, n, &p, &o);
         if (!valid) {
@@ -254,7 +254,7 @@ static void step(world *w, fz_reader *r) {
         int use_g = fz_u8(r) & 1;
         int32_t ot[8], op_[8];
         float opr[8];
-        as_draft_out o = {ot, op_, opr, 8, 0, 0, 0, 0.0};
+        as_draft_out o = {ot, op_, opr, 8, 0, 0, 0, 0.0, 0};
         if (p.max_spec_tokens > 8) valid = 0;
         int st = as_draft(w->cur, use_g ? t : NULL, &p, &o);
         if (!valid) {
@@ -388,7 +388,7 @@ static void step(world *w, fz_reader *r) {
         nv_append(&w->mctx, 0, toks, n0);
         nv_draft_capped(m, as_cursor_local_tree(w->cur) ? &w->mctx : NULL, w->ctx, w->nctx, &p,
                         w->cdepth - 1, &want);
-        as_draft_out o = {T, P, F, 8, N[0], ML[0], SRC[0], SC[0]};
+        as_draft_out o = {T, P, F, 8, N[0], ML[0], SRC[0], SC[0], 0};
         check_draft(&want, &o);
         FZ_ASSERT(N[1] == 0); /* an empty cursor drafts nothing */
         as_cursor_free(other);

@@ -57,6 +57,8 @@ extern "C" {
 #define AS_DEFAULT_MAX_DEPTH 64
 /* Largest number of draft tokens one draft may hold. */
 #define AS_MAX_SPEC_LIMIT 1024
+/* Most global trees one draft may use (e.g. a stage shard and a pipeline tree). */
+#define AS_MAX_GLOBALS 4
 
 /* --- Status codes ------------------------------------------------------ */
 
@@ -250,22 +252,34 @@ void as_draft_params_default(as_draft_params *p);
  * tokens the draft may hold, i.e. params->max_spec_tokens).
  * parents[i] is the index of token i's parent in the draft, -1 for a child of
  * the match point; a linear draft has parents -1, 0, 1, ...
- * source: 0 none, 1 global, 2 per-request, 3 merged. */
+ * source: 0 none, 1 global, 2 per-request, 3 merged; global_index: which of
+ * the global trees passed to as_draft_multi (0 otherwise). */
 typedef struct as_draft_out {
     int32_t *tokens;
     int32_t *parents;
     float *probs;
     uint32_t cap;
-    uint32_t n;          /* out */
-    uint32_t match_len;  /* out */
-    uint32_t source;     /* out */
-    double score;        /* out */
+    uint32_t n;            /* out */
+    uint32_t match_len;    /* out */
+    uint32_t source;       /* out */
+    double score;          /* out */
+    uint32_t global_index; /* out */
 } as_draft_out;
 
 /* Draft for one request from its cursor and an optional global tree.
  * The global tree is only read.  The cursor's match state is updated. */
 int as_draft(as_cursor *cur, const as_tree *global, const as_draft_params *params,
              as_draft_out *out);
+
+/* Draft from a cursor and up to AS_MAX_GLOBALS global trees (NULL entries
+ * are skipped), e.g. a stage shard and a pipeline-wide tree.  The cursor
+ * keeps one incremental match state per global tree (the AS_MAX_GLOBALS
+ * most recently used).  Without AS_DRAFT_MERGE each tree drafts on its own
+ * and the best score wins; ties go to the per-request tree, then to the
+ * earlier global tree in the array.  With AS_DRAFT_MERGE all trees' counts
+ * are added. */
+int as_draft_multi(as_cursor *cur, const as_tree *const *globals, size_t n_globals,
+                   const as_draft_params *params, as_draft_out *out);
 
 /* Draft directly from a context (no cursor): matches every pattern length
  * from scratch (O(p^2) for the longest match p) in `global` and in `local`

@@ -11,7 +11,9 @@
  * ending at the context's end spells exactly the pattern of length p.  So
  * the match points of all patterns come for free from that ring: no walk.
  *
- * Global tree: gloc[p] is the point of the pattern of length p, for
+ * Global trees: the cursor keeps one match state per global tree it drafts
+ * from (up to AS_MAX_GLOBALS, least recently used replaced), keyed by the
+ * tree's uid.  In each, gloc[p] is the point of the pattern of length p, for
  * p = 1..gm (patterns are suffix-closed: if length p occurs, so does every
  * shorter one).  A new context token t turns gloc[p] into gloc'[p+1] =
  * step(gloc[p], t) and adds gloc'[1] = step(root, t): O(gm) per token, no
@@ -31,6 +33,16 @@ typedef struct gpoint {
     uint32_t node, gen, x;
 } gpoint;
 
+/* Incremental match state against one global tree. */
+typedef struct gstate {
+    uint64_t uid;  /* tree instance (0: slot unused) */
+    uint64_t grow; /* tree's grow_epoch at the last sync */
+    uint64_t pos;  /* context length at the last sync */
+    uint64_t used; /* last use, for LRU replacement */
+    uint32_t m;    /* patterns 1..m occur */
+    gpoint *loc, *tmp;
+} gstate;
+
 struct as_cursor {
     uint64_t bytes;
     uint32_t max_depth; /* ring size; patterns are at most max_depth - 1 long */
@@ -38,15 +50,16 @@ struct as_cursor {
     as_tree *local;
     int32_t *hist;
     uint64_t len;
-    /* global match state */
-    uint64_t g_uid, g_grow, g_pos;
-    uint32_t g_m;
-    gpoint *g_loc, *g_tmp;
-    point *pts[2]; /* candidate points handed to draft_select */
+    uint64_t clock;
+    gstate gs[AS_MAX_GLOBALS];
+    point *pts[MAX_SIDES]; /* candidate points handed to draft_select */
     scratch sc;
 };
 
 #define LOCAL_SEQ 0
+
+static size_t gp_bytes(const as_cursor *c) { return sizeof(gpoint) * ((size_t)c->max_depth + 1); }
+static size_t pt_bytes(const as_cursor *c) { return sizeof(point) * ((size_t)c->max_depth + 1); }
 
 as_cursor *as_cursor_create(uint32_t max_depth, uint32_t flags, int *status) {
     int rc = AS_OK;
@@ -67,11 +80,7 @@ as_cursor *as_cursor_create(uint32_t max_depth, uint32_t flags, int *status) {
     c->flags = flags;
     c->sc.acct = &c->bytes;
     c->hist = as_xmalloc(&c->bytes, sizeof(int32_t) * max_depth);
-    c->g_loc = as_xmalloc(&c->bytes, sizeof(gpoint) * (max_depth + 1));
-    c->g_tmp = as_xmalloc(&c->bytes, sizeof(gpoint) * (max_depth + 1));
-    c->pts[0] = as_xmalloc(&c->bytes, sizeof(point) * (max_depth + 1));
-    c->pts[1] = as_xmalloc(&c->bytes, sizeof(point) * (max_depth + 1));
-    if (!c->hist || !c->g_loc || !c->g_tmp || !c->pts[0] || !c->pts[1]) rc = AS_ERR_NOMEM;
+    if (c->hist == NULL) rc = AS_ERR_NOMEM;
     if (rc == AS_OK && (flags & AS_CURSOR_LOCAL_TREE)) {
         c->local = as_tree_create(max_depth, &rc);
         if (rc == AS_OK) rc = as_tree_append(c->local, LOCAL_SEQ, NULL, 0);
@@ -91,10 +100,11 @@ void as_cursor_free(as_cursor *c) {
     uint64_t *acct = &c->bytes;
     scratch_free(&c->sc);
     as_xfree(acct, c->hist, sizeof(int32_t) * c->max_depth);
-    as_xfree(acct, c->g_loc, sizeof(gpoint) * (c->max_depth + 1));
-    as_xfree(acct, c->g_tmp, sizeof(gpoint) * (c->max_depth + 1));
-    as_xfree(acct, c->pts[0], sizeof(point) * (c->max_depth + 1));
-    as_xfree(acct, c->pts[1], sizeof(point) * (c->max_depth + 1));
+    for (int i = 0; i < AS_MAX_GLOBALS; i++) {
+        as_xfree(acct, c->gs[i].loc, gp_bytes(c));
+        as_xfree(acct, c->gs[i].tmp, gp_bytes(c));
+    }
+    for (int i = 0; i < MAX_SIDES; i++) as_xfree(acct, c->pts[i], pt_bytes(c));
     uint64_t self = 0;
     as_xfree(&self, c, sizeof *c);
     as_handle_closed();
@@ -149,90 +159,146 @@ static int gstep(const as_tree *t, const gpoint *from, int32_t tok, gpoint *to) 
     return 1;
 }
 
-/* Feed one context token at index i (already in hist) to the global state. */
-static void gfeed(as_cursor *c, const as_tree *t, uint32_t pmax, int32_t tok) {
+/* Feed one context token to a global match state. */
+static void gfeed(gstate *g, const as_tree *t, uint32_t pmax, int32_t tok) {
     gpoint root = {ROOT, N(t, ROOT)->gen, 0};
     uint32_t m = 0;
-    if (gstep(t, &root, tok, &c->g_tmp[1])) {
+    if (gstep(t, &root, tok, &g->tmp[1])) {
         m = 1;
-        for (uint32_t p = 1; p <= c->g_m && p + 1 <= pmax; p++) {
-            if (!gstep(t, &c->g_loc[p], tok, &c->g_tmp[p + 1])) break;
+        for (uint32_t p = 1; p <= g->m && p + 1 <= pmax; p++) {
+            if (!gstep(t, &g->loc[p], tok, &g->tmp[p + 1])) break;
             m = p + 1;
         }
     }
-    gpoint *swap = c->g_loc;
-    c->g_loc = c->g_tmp;
-    c->g_tmp = swap;
-    c->g_m = m;
+    gpoint *swap = g->loc;
+    g->loc = g->tmp;
+    g->tmp = swap;
+    g->m = m;
 }
 
-/* Walk patterns of length g_m+1, g_m+2, ... from the root until the first
- * one that does not occur (patterns are suffix-closed, so none longer does). */
-static void gextend(as_cursor *c, const as_tree *t, uint32_t pmax) {
-    for (uint32_t p = c->g_m + 1; p <= pmax && p <= c->len; p++) {
-        gpoint g = {ROOT, N(t, ROOT)->gen, 0};
+/* Walk patterns of length m+1, m+2, ... from the root until the first one
+ * that does not occur (patterns are suffix-closed, so none longer does). */
+static void gextend(const as_cursor *c, gstate *g, const as_tree *t, uint32_t pmax) {
+    for (uint32_t p = g->m + 1; p <= pmax && p <= c->len; p++) {
+        gpoint w = {ROOT, N(t, ROOT)->gen, 0};
         uint32_t i = 0;
         for (; i < p; i++)
-            if (!gstep(t, &g, ctx_at(c, c->len - p + i), &g)) break;
+            if (!gstep(t, &w, ctx_at(c, c->len - p + i), &w)) break;
         if (i < p) break;
-        c->g_loc[p] = g;
-        c->g_m = p;
+        g->loc[p] = w;
+        g->m = p;
     }
 }
 
-static void gsync(as_cursor *c, const as_tree *t) {
+/* The match state for tree t (a fresh or least recently used slot if new). */
+static int gstate_for(as_cursor *c, const as_tree *t, gstate **out) {
+    gstate *pick = NULL;
+    for (int i = 0; i < AS_MAX_GLOBALS; i++)
+        if (c->gs[i].uid == t->uid && c->gs[i].loc != NULL) pick = &c->gs[i];
+    if (pick == NULL) {
+        pick = &c->gs[0];
+        for (int i = 1; i < AS_MAX_GLOBALS; i++)
+            if (c->gs[i].used < pick->used) pick = &c->gs[i];
+        if (pick->loc == NULL) {
+            pick->loc = as_xmalloc(&c->bytes, gp_bytes(c));
+            pick->tmp = as_xmalloc(&c->bytes, gp_bytes(c));
+            if (pick->loc == NULL || pick->tmp == NULL) {
+                as_xfree(&c->bytes, pick->loc, gp_bytes(c));
+                as_xfree(&c->bytes, pick->tmp, gp_bytes(c));
+                pick->loc = pick->tmp = NULL;
+                return AS_ERR_NOMEM;
+            }
+        }
+        pick->uid = 0; /* force a fresh match below */
+    }
+    pick->used = ++c->clock;
+    *out = pick;
+    return AS_OK;
+}
+
+static void gsync(as_cursor *c, gstate *g, const as_tree *t) {
     uint32_t pmax = (t->max_depth < c->max_depth ? t->max_depth : c->max_depth) - 1;
-    int full = c->g_uid != t->uid || c->g_pos > c->len || c->len - c->g_pos > pmax;
-    for (uint32_t p = 1; !full && p <= c->g_m; p++)
-        if (!gpoint_fix(t, &c->g_loc[p])) full = 1;
+    int full = g->uid != t->uid || g->pos > c->len || c->len - g->pos > pmax;
+    for (uint32_t p = 1; !full && p <= g->m; p++)
+        if (!gpoint_fix(t, &g->loc[p])) full = 1;
     if (full) {
         /* from scratch: one root walk per pattern length, O(m^2) for the
          * longest match m -- cheaper than replaying the last pmax tokens */
-        c->g_m = 0;
-        gextend(c, t, pmax);
+        g->m = 0;
+        gextend(c, g, t, pmax);
     } else {
-        for (uint64_t i = c->g_pos; i < c->len; i++) gfeed(c, t, pmax, ctx_at(c, i));
+        for (uint64_t i = g->pos; i < c->len; i++) gfeed(g, t, pmax, ctx_at(c, i));
         /* the tree may have grown since: longer patterns may occur now */
-        if (c->g_grow != t->grow_epoch) gextend(c, t, pmax);
+        if (g->grow != t->grow_epoch) gextend(c, g, t, pmax);
     }
-    c->g_uid = t->uid;
-    c->g_grow = t->grow_epoch;
-    c->g_pos = c->len;
+    g->uid = t->uid;
+    g->grow = t->grow_epoch;
+    g->pos = c->len;
 }
 
-int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params, as_draft_out *out) {
-    if (c == NULL || out == NULL) return AS_ERR_INVALID_ARG;
+static point *pts_buffer(as_cursor *c, uint32_t side) {
+    if (c->pts[side] == NULL) c->pts[side] = as_xmalloc(&c->bytes, pt_bytes(c));
+    return c->pts[side];
+}
+
+int as_draft_multi(as_cursor *c, const as_tree *const *globals, size_t n_globals,
+                   const as_draft_params *params, as_draft_out *out) {
+    if (c == NULL || out == NULL || (globals == NULL && n_globals > 0)) return AS_ERR_INVALID_ARG;
+    if (n_globals > AS_MAX_GLOBALS) return AS_ERR_CAPACITY;
     int rc = draft_params_check(params);
     if (rc != AS_OK) return rc;
     if (out->tokens == NULL || out->parents == NULL || out->probs == NULL) return AS_ERR_INVALID_ARG;
     if (out->cap < params->max_spec_tokens) return AS_ERR_CAPACITY;
     candidates cand;
     memset(&cand, 0, sizeof cand);
-    if (global != NULL && !(params->flags & AS_DRAFT_NO_GLOBAL)) {
-        gsync(c, global);
-        cand.tree[0] = global;
-        cand.pts[0] = c->pts[0];
-        cand.plen_max[0] = c->g_m;
-        for (uint32_t p = 1; p <= c->g_m; p++) {
-            c->pts[0][p].node = c->g_loc[p].node;
-            c->pts[0][p].x = c->g_loc[p].x;
+    if (!(params->flags & AS_DRAFT_NO_GLOBAL)) {
+        for (size_t i = 0; i < n_globals; i++) {
+            const as_tree *t = globals[i];
+            if (t == NULL) continue;
+            for (size_t j = 0; j < i; j++) /* the same tree twice: draft from it once */
+                if (globals[j] == t) t = NULL;
+            if (t == NULL) continue;
+            gstate *g;
+            rc = gstate_for(c, t, &g);
+            if (rc != AS_OK) return rc;
+            point *pts = pts_buffer(c, cand.n);
+            if (pts == NULL) return AS_ERR_NOMEM;
+            gsync(c, g, t);
+            for (uint32_t p = 1; p <= g->m; p++) {
+                pts[p].node = g->loc[p].node;
+                pts[p].x = g->loc[p].x;
+            }
+            uint32_t k = cand.n++;
+            cand.tree[k] = t;
+            cand.pts[k] = pts;
+            cand.plen_max[k] = g->m;
+            cand.source[k] = 1;
+            cand.gindex[k] = (uint32_t)i;
         }
     }
     if (c->local != NULL && !(params->flags & AS_DRAFT_NO_LOCAL)) {
+        point *pts = pts_buffer(c, cand.n);
+        if (pts == NULL) return AS_ERR_NOMEM;
         uint32_t si = tree_seq_index(c->local, LOCAL_SEQ);
         uint32_t m = 0;
         for (uint32_t p = 1; p < c->max_depth && p <= c->len; p++) {
             uint32_t e = tree_open_endpoint(c->local, si, p);
             if (e == NIL) break;
-            c->pts[1][p].node = e;
-            c->pts[1][p].x = p;
+            pts[p].node = e;
+            pts[p].x = p;
             m = p;
         }
-        cand.tree[1] = c->local;
-        cand.pts[1] = c->pts[1];
-        cand.plen_max[1] = m;
+        uint32_t k = cand.n++;
+        cand.tree[k] = c->local;
+        cand.pts[k] = pts;
+        cand.plen_max[k] = m;
+        cand.source[k] = 2;
     }
     return draft_select(&c->sc, &cand, params, out);
+}
+
+int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params, as_draft_out *out) {
+    return as_draft_multi(c, &global, global != NULL ? 1 : 0, params, out);
 }
 
 int as_draft_tail(as_cursor *c, const as_tree *global, const int32_t *ctx, size_t n,

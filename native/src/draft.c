@@ -151,7 +151,7 @@ static int enum_conts(scratch *sc, const candidates *cand, const mpoint *mp, uin
     uint32_t n = 0;
     int rc = AS_OK;
     int first = -1;
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (int)cand->n; s++) {
         if (!mp->has[s]) continue;
         if (first < 0) {
             first = s;
@@ -363,34 +363,42 @@ typedef struct best_t {
     grown g;
     uint32_t p;
     uint32_t source;
+    uint32_t gindex;
+    int side; /* which search produced it (-1: none yet) */
 } best_t;
 
-/* Can a draft of pattern length p scoring `score` displace the best? */
-static int wins(const best_t *best, uint32_t source, uint32_t p, double score) {
+/* Can a draft of pattern length p scoring `score` from `side` displace the best? */
+static int wins(const best_t *best, int side, uint32_t p, double score) {
     if (score > best->g.score) return 1;
-    return score == best->g.score && best->source == source && p > best->p;
+    return score == best->g.score && best->side == side && p > best->p;
 }
 
-/* Try the candidate patterns of the given sides, most promising bound first
- * (bound = the most a draft for p can score), and stop once no remaining
- * bound can displace the best draft.  Within a tree a longer pattern wins a
- * tie; a draft of another source must score strictly more. */
-static int search(scratch *sc, const candidates *cand, const as_draft_params *prm, int s0, int s1,
-                  uint32_t source, cand_p *order, best_t *best) {
-    int merged = s0 != s1;
+/* Try the candidate patterns of the sides in `mask` (merged when several),
+ * most promising bound first (bound = the most a draft for p can score),
+ * and stop once no remaining bound can displace the best draft.  Within a
+ * tree a longer pattern wins a tie; a draft from another tree must score
+ * strictly more.  `side` names this search for tie-breaking. */
+static int search(scratch *sc, const candidates *cand, const as_draft_params *prm, uint32_t mask,
+                  int side, uint32_t source, uint32_t gindex, cand_p *order, best_t *best) {
+    int nsides = 0, only = -1;
     uint32_t pmax = 0, dcap = UINT32_MAX;
-    for (int s = s0; s <= s1; s++) {
+    for (int s = 0; s < (int)cand->n; s++) {
+        if (!(mask & (1u << s))) continue;
+        nsides++;
+        only = s;
         if (cand->plen_max[s] > pmax) pmax = cand->plen_max[s];
         if (cand->tree[s]->max_depth < dcap) dcap = cand->tree[s]->max_depth;
     }
+    if (nsides == 0) return AS_OK;
     if (prm->max_pattern != 0 && prm->max_pattern < pmax) pmax = prm->max_pattern;
     if (pmax >= dcap) pmax = dcap - 1;
     uint32_t pmin = prm->min_pattern > 1 ? prm->min_pattern : 1;
     uint32_t nc = 0;
     for (uint32_t p = pmin; p <= pmax; p++) {
         int any = 0;
-        for (int s = s0; s <= s1 && !any; s++)
-            any = p <= cand->plen_max[s] && point_has_next(cand->tree[s], cand->pts[s][p]);
+        for (int s = 0; s < (int)cand->n && !any; s++)
+            any = (mask & (1u << s)) && p <= cand->plen_max[s] &&
+                  point_has_next(cand->tree[s], cand->pts[s][p]);
         if (!any) continue;
         uint32_t b = budget_for(prm, p), room = dcap - p;
         cand_p cp = {p, b < room ? b : room};
@@ -406,14 +414,14 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
     int tree_mode = (prm->flags & AS_DRAFT_TREE) != 0;
     for (uint32_t i = 0; i < nc; i++) {
         uint32_t p = order[i].p;
-        if (!wins(best, source, p, (double)order[i].bound)) {
+        if (!wins(best, side, p, (double)order[i].bound)) {
             if ((double)order[i].bound < best->g.score) break;
             continue;
         }
         mpoint mp;
         memset(&mp, 0, sizeof mp);
-        for (int s = s0; s <= s1; s++) {
-            if (p > cand->plen_max[s]) continue;
+        for (int s = 0; s < (int)cand->n; s++) {
+            if (!(mask & (1u << s)) || p > cand->plen_max[s]) continue;
             mp.has[s] = 1;
             mp.p[s] = cand->pts[s][p];
         }
@@ -423,18 +431,20 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
         int rc = AS_OK;
         if (tree_mode) {
             rc = tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
-        } else if (!merged) {
-            g = linear_one(cand->tree[s0], mp.p[s0], b, prm->min_token_prob, sc->tok[buf],
+        } else if (nsides == 1) {
+            g = linear_one(cand->tree[only], mp.p[only], b, prm->min_token_prob, sc->tok[buf],
                            sc->par[buf], sc->prob[buf]);
         } else {
             rc = linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
         }
         if (rc != AS_OK) return rc;
-        if (g.n > 0 && wins(best, source, p, g.score)) {
+        if (g.n > 0 && wins(best, side, p, g.score)) {
             best->buf = buf;
             best->g = g;
             best->p = p;
             best->source = source;
+            best->gindex = gindex;
+            best->side = side;
         }
     }
     return AS_OK;
@@ -444,19 +454,25 @@ int draft_select(scratch *sc, const candidates *cand, const as_draft_params *prm
     int rc = scratch_drafts(sc, prm->max_spec_tokens);
     if (rc != AS_OK) return rc;
     uint32_t dmax = 0;
-    for (int s = 0; s < 2; s++)
-        if (cand->tree[s] != NULL && cand->tree[s]->max_depth > dmax) dmax = cand->tree[s]->max_depth;
+    for (uint32_t s = 0; s < cand->n; s++)
+        if (cand->tree[s]->max_depth > dmax) dmax = cand->tree[s]->max_depth;
     rc = grow(sc->acct, (void **)&sc->order, &sc->order_cap, dmax + 1, sizeof(cand_p));
     if (rc != AS_OK) return rc;
-    best_t best = {0, {0, 0.0}, 0, 0};
-    int use[2] = {cand->tree[0] != NULL, cand->tree[1] != NULL};
-    if ((prm->flags & AS_DRAFT_MERGE) && use[0] && use[1]) {
-        rc = search(sc, cand, prm, 0, 1, 3, sc->order, &best);
+    best_t best;
+    memset(&best, 0, sizeof best);
+    best.side = -1;
+    if ((prm->flags & AS_DRAFT_MERGE) && cand->n > 1) {
+        rc = search(sc, cand, prm, (1u << cand->n) - 1, 0, 3, 0, sc->order, &best);
     } else {
-        if (use[1]) rc = search(sc, cand, prm, 1, 1, 2, sc->order, &best);
-        if (rc == AS_OK && use[0]) rc = search(sc, cand, prm, 0, 0, 1, sc->order, &best);
+        /* the per-request tree first (it wins ties), then globals in order */
+        for (int pass = 0; pass < 2 && rc == AS_OK; pass++)
+            for (uint32_t s = 0; s < cand->n && rc == AS_OK; s++)
+                if ((cand->source[s] == 2) == (pass == 0))
+                    rc = search(sc, cand, prm, 1u << s, (int)s, cand->source[s], cand->gindex[s],
+                                sc->order, &best);
     }
     if (rc != AS_OK) return rc;
+    out->global_index = 0;
     if (best.g.n == 0 || best.g.score < prm->min_score) {
         out->n = 0;
         out->match_len = 0;
@@ -470,6 +486,7 @@ int draft_select(scratch *sc, const candidates *cand, const as_draft_params *prm
     out->n = best.g.n;
     out->match_len = best.p;
     out->source = best.source;
+    out->global_index = best.gindex;
     out->score = best.g.score;
     return AS_OK;
 }
@@ -518,9 +535,12 @@ int as_draft_context(const as_tree *global, const as_tree *local, const int32_t 
             rc = AS_ERR_NOMEM;
             break;
         }
-        cand.tree[s] = trees[s];
-        cand.pts[s] = buf[s];
-        cand.plen_max[s] = match_fresh(trees[s], context, n, trees[s]->max_depth - 1, buf[s]);
+        uint32_t k = cand.n++;
+        cand.tree[k] = trees[s];
+        cand.pts[k] = buf[s];
+        cand.source[k] = s == 0 ? 1 : 2;
+        cand.gindex[k] = 0;
+        cand.plen_max[k] = match_fresh(trees[s], context, n, trees[s]->max_depth - 1, buf[s]);
     }
     if (rc == AS_OK) rc = draft_select(&sc, &cand, params, out);
     for (int s = 0; s < 2; s++)

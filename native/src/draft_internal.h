@@ -7,10 +7,14 @@
 
 #include "tree_internal.h"
 
-/* A match point in up to two trees at once (side 0 global, side 1 local). */
+/* Trees one draft may use: up to AS_MAX_GLOBALS global trees plus the
+ * per-request tree. */
+#define MAX_SIDES (AS_MAX_GLOBALS + 1)
+
+/* A match point in several trees at once (one per side). */
 typedef struct mpoint {
-    point p[2];
-    uint8_t has[2];
+    point p[MAX_SIDES];
+    uint8_t has[MAX_SIDES];
 } mpoint;
 
 typedef struct cont {
@@ -49,12 +53,15 @@ typedef struct scratch {
 
 void scratch_free(scratch *s);
 
-/* Candidate patterns for one draft: for p in [1, P], where each side has
- * a point (or not).  side_ok[s] says the side is in use at all. */
+/* Candidate patterns for one draft.  Side s is a tree with a match point
+ * pts[s][p] for every pattern length 1 <= p <= plen_max[s]. */
 typedef struct candidates {
-    const as_tree *tree[2];
-    uint32_t plen_max[2];      /* longest p with a point, per side */
-    const point *pts[2];       /* pts[s][p] for 1 <= p <= plen_max[s] */
+    uint32_t n;                        /* sides in use */
+    const as_tree *tree[MAX_SIDES];
+    uint32_t plen_max[MAX_SIDES];
+    const point *pts[MAX_SIDES];
+    uint32_t source[MAX_SIDES];        /* 1 global, 2 per-request */
+    uint32_t gindex[MAX_SIDES];        /* index among the caller's global trees */
 } candidates;
 
 int draft_select(scratch *sc, const candidates *cand, const as_draft_params *params,

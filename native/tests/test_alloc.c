@@ -246,7 +246,7 @@ static int workload(void) {
         float pr[8];
         for (uint32_t flags = 0; flags < 4; flags++) {
             p.flags = flags;
-            as_draft_out o = {tk, pa, pr, 8, 0, 0, 0, 0.0};
+            as_draft_out o = {tk, pa, pr, 8, 0, 0, 0, 0.0, 0};
             st = as_draft(c[i], t, &p, &o);
             EXPECT(ok_or_nomem(st));
             EXPECT(o.n <= 8);

@@ -84,7 +84,7 @@ static void test_batch_equals_single(void) {
             REQUIRE_OK(as_cursor_extend(b[i], toks + offs[i], (size_t)(offs[i + 1] - offs[i])));
             int32_t tk[STRIDE], pa[STRIDE];
             float pr[STRIDE];
-            as_draft_out o = {tk, pa, pr, STRIDE, 0, 0, 0, 0.0};
+            as_draft_out o = {tk, pa, pr, STRIDE, 0, 0, 0, 0.0, 0};
             REQUIRE_OK(as_draft(b[i], glob[i], &p, &o));
             CHECK_EQ_U64(as_cursor_len(a[i]), as_cursor_len(b[i]));
             CHECK_EQ_INT(out.n_out[i], o.n);
@@ -230,7 +230,7 @@ static void test_optional_arguments(void) {
     CHECK_EQ_U64(as_cursor_len(c), 7);
     int32_t tk2[8], pa2[8];
     float pr2[8];
-    as_draft_out o = {tk2, pa2, pr2, 8, 0, 0, 0, 0.0};
+    as_draft_out o = {tk2, pa2, pr2, 8, 0, 0, 0, 0.0, 0};
     REQUIRE_OK(as_draft(c, g, &p, &o));
     CHECK_EQ_INT(n, o.n);
     CHECK(memcmp(tk, tk2, sizeof(int32_t) * o.n) == 0);

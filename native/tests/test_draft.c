@@ -438,6 +438,65 @@ static void test_tie_prefers_local(void) {
     as_tree_free(g);
 }
 
+/* Several global trees: the best score wins, ties go to the earlier tree,
+ * global_index names the winner, and each tree keeps its own match state. */
+static void test_multi_global(void) {
+    static const int32_t a[] = {1, 2, 3, 9};        /* "stage shard" */
+    static const int32_t b[] = {1, 2, 3, 7, 8, 1, 2, 3, 7, 8}; /* "pipeline tree" */
+    const int32_t *sa[] = {a};
+    const size_t la[] = {4};
+    const int32_t *sb[] = {b};
+    const size_t lb[] = {10};
+    as_tree *stage = tree_with(64, sa, la, 1);
+    as_tree *pipe = tree_with(64, sb, lb, 1);
+    REQUIRE(stage != NULL && pipe != NULL);
+    as_cursor *c = as_cursor_create(64, 0, NULL);
+    REQUIRE(c != NULL);
+    const int32_t ctx[] = {5, 1, 2};
+    REQUIRE_OK(as_cursor_extend(c, ctx, 3));
+    as_draft_params p = params_default();
+    p.alpha = 4.0;
+    outbuf bf;
+    as_draft_out *o = outbuf_init(&bf, 32);
+    const as_tree *both[] = {stage, pipe};
+    /* stage: [1,2] -> 3 9 (score 2); pipeline: [1,2] -> 3 7 8 1 2 ... (more) */
+    REQUIRE_OK(as_draft_multi(c, both, 2, &p, o));
+    CHECK_EQ_INT(o->source, 1);
+    CHECK_EQ_INT(o->global_index, 1);
+    CHECK(o->n > 2);
+    CHECK_EQ_INT(o->tokens[1], 7);
+    /* budget 2: both score 2.0 -> the earlier tree (the stage shard) wins */
+    p.alpha = 1.0;
+    REQUIRE_OK(as_draft_multi(c, both, 2, &p, o));
+    REQUIRE(o->n == 2);
+    CHECK_EQ_INT(o->global_index, 0);
+    CHECK_EQ_INT(o->tokens[1], 9);
+    /* the other order: the pipeline tree is now first and wins the tie */
+    const as_tree *rev[] = {pipe, stage};
+    REQUIRE_OK(as_draft_multi(c, rev, 2, &p, o));
+    CHECK_EQ_INT(o->global_index, 0);
+    CHECK_EQ_INT(o->tokens[1], 7);
+    /* incremental state per tree survives alternating calls */
+    const int32_t more[] = {3};
+    REQUIRE_OK(as_cursor_extend(c, more, 1));
+    REQUIRE_OK(as_draft_multi(c, both, 2, &p, o));
+    CHECK_EQ_INT(o->match_len, 3);
+    /* NULL entries are skipped; too many trees is a capacity error */
+    const as_tree *holes[] = {NULL, stage};
+    REQUIRE_OK(as_draft_multi(c, holes, 2, &p, o));
+    CHECK_EQ_INT(o->global_index, 1);
+    CHECK_EQ_INT(o->tokens[0], 9);
+    const as_tree *five[] = {stage, pipe, stage, pipe, stage};
+    CHECK_STATUS(as_draft_multi(c, five, 5, &p, o), AS_ERR_CAPACITY);
+    /* merged: counts of all trees add up */
+    p.flags = AS_DRAFT_MERGE;
+    REQUIRE_OK(as_draft_multi(c, both, 2, &p, o));
+    CHECK_EQ_INT(o->source, 3);
+    as_cursor_free(c);
+    as_tree_free(stage);
+    as_tree_free(pipe);
+}
+
 /* A cursor without a per-request tree drafts from the global tree only. */
 static void test_cursor_without_local(void) {
     as_tree *g = example_tree();
@@ -785,6 +844,7 @@ int main(void) {
     TEST_RUN(test_min_score);
     TEST_RUN(test_local_global_merge);
     TEST_RUN(test_tie_prefers_local);
+    TEST_RUN(test_multi_global);
     TEST_RUN(test_cursor_without_local);
     TEST_RUN(test_cursor_depth_bounds_pattern);
     TEST_RUN(test_bad_params);
