@@ -11,6 +11,8 @@ Main entry points:
 - `Cursor`: one request's context and per-request tree; drafts incrementally.
 - `BatchDrafter` / `draft_batch`: one native call per decode step for a batch.
 - `DraftParams` / `Draft`: drafting parameters and results.
+- `Speculator`: stage shards (one tree per pipeline stage) plus per-request
+  trees, learned online from finished responses.
 - `agentspec.compat.SuffixDecodingCache`: drop-in for arctic-inference's API.
 
 Errors are in `agentspec.exceptions`.
@@ -21,6 +23,7 @@ from importlib import metadata as _metadata
 from agentspec import exceptions
 from agentspec._batch import BatchDrafter, draft_batch
 from agentspec._draft import Cursor, Draft, DraftParams
+from agentspec._speculator import Speculator
 from agentspec._tree import SuffixTree, TreeStats
 
 try:
@@ -33,6 +36,7 @@ __all__ = [
     "Cursor",
     "Draft",
     "DraftParams",
+    "Speculator",
     "SuffixTree",
     "TreeStats",
     "__version__",

@@ -392,6 +392,31 @@ class Cursor:
         finally:
             self._lock.release()
 
+    def _draft_multi(
+        self, trees: list[SuffixTree], params: DraftParams, handles: _lowlevel.CData
+    ) -> tuple[DraftResult, int]:
+        """Draft from this cursor and several global trees (at most 4, in order of
+        preference on equal scores); ``handles`` is scratch from
+        `_lowlevel.new_tree_array`.  Returns the raw result tuple and the index
+        in ``trees`` of the tree the draft came from (0 when none).
+        """
+        c_params = params._c
+        h = self._enter()
+        entered: list[SuffixTree] = []
+        try:
+            for i, tree in enumerate(trees):
+                handles[i] = read_begin(tree)
+                entered.append(tree)
+            bufs = self._bufs
+            if params.max_spec_tokens > bufs.cap:
+                bufs.ensure(params.max_spec_tokens)
+            index = _lowlevel.draft_multi(h, handles, len(trees), c_params, bufs)
+            return bufs.result(), index
+        finally:
+            for tree in entered:
+                tree._read_end()
+            self._lock.release()
+
     def _draft_tail(
         self, context: TokenArray, global_tree: SuffixTree | None, params: DraftParams
     ) -> DraftResult:

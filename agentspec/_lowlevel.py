@@ -461,6 +461,25 @@ def draft(cur: CData, global_tree: CData, params: CData, bufs: DraftBuffers) -> 
         raise error(st)
 
 
+MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
+
+
+def draft_multi(
+    cur: CData, globals_: CData, n: int, params: CData, bufs: DraftBuffers
+) -> int:
+    """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns the
+    index of the global tree the draft came from (0 when none)."""
+    st = lib.as_draft_multi(cur, globals_, n, params, bufs.out)
+    if st:
+        raise error(st)
+    return int(bufs.out.global_index)
+
+
+def new_tree_array(n: int) -> CData:
+    """An ``as_tree *[n]`` to fill with handles for `draft_multi`."""
+    return ffi.new("as_tree *[]", n)
+
+
 def draft_tail(
     cur: CData,
     global_tree: CData,

@@ -39,6 +39,7 @@ from typing import Any
 from agentspec import _lowlevel
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
 from agentspec._log import get_logger
+from agentspec._speculator import Speculator
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import InvalidArgumentError
@@ -79,11 +80,12 @@ class SuffixDecodingDraft:
 class _Request:
     """State of one active request."""
 
-    __slots__ = ("cursor", "seq_id", "warned")
+    __slots__ = ("cursor", "seq_id", "staged", "warned")
 
-    def __init__(self, cursor: Cursor, seq_id: int | None) -> None:
-        self.cursor = cursor
+    def __init__(self, cursor: Cursor | None, seq_id: int | None, *, staged: bool = False) -> None:
+        self.cursor = cursor  # None for staged requests: the Speculator owns theirs
         self.seq_id = seq_id
+        self.staged = staged
         self.warned = False
 
 
@@ -150,6 +152,7 @@ class SuffixDecodingCache:
         self._next_seq_id = 0
         self._params: dict[tuple[Any, ...], DraftParams] = {}
         self._default_spec = min(depth, _lowlevel.MAX_SPEC_LIMIT)
+        self._speculator: Speculator | None = None  # stage shards, made on first use
 
     # --- properties (arctic's) ---------------------------------------------
 
@@ -192,11 +195,20 @@ class SuffixDecodingCache:
 
     # --- request lifecycle ---------------------------------------------------
 
-    def start_request(self, req_id: Hashable, prompt_token_ids: TokenArray) -> None:
+    def start_request(
+        self, req_id: Hashable, prompt_token_ids: TokenArray, *, stage: str | None = None
+    ) -> None:
         """Register a new request with its prompt.
 
         A cached response of an earlier request with the same id is evicted.
         On any error nothing is registered and nothing is evicted.
+
+        With ``stage`` (an agentspec extension) the request goes through an
+        `agentspec.Speculator` instead: it drafts from its own tree, its
+        stage's shard and a tree over all staged responses, and its response
+        is learned into them when it stops (it is not among
+        ``cached_requests``).  A staged request drafts from its own context
+        (prompt + responses), so ``speculate``'s context must be its tail.
 
         Raises:
             ValueError (InvalidArgumentError): the request is already active.
@@ -205,6 +217,10 @@ class SuffixDecodingCache:
         hash(req_id)
         if req_id in self._active:
             raise InvalidArgumentError(f"request {req_id!r} is already active")
+        if stage is not None:
+            self._stages().start_request(req_id, prompt_token_ids, stage=stage)
+            self._active[req_id] = _Request(None, None, staged=True)
+            return
         keep = as_int32_buffer(prompt_token_ids)[2]
         cursor = Cursor(self._max_tree_depth, local_tree=True, prompt=keep)
         # Nothing below can fail on user input: commit.
@@ -227,6 +243,9 @@ class SuffixDecodingCache:
         req = self._active.pop(req_id, None)
         if req is None:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
+        if req.cursor is None:
+            self._stages().finish(req_id)
+            return
         seq_id = req.seq_id
         if seq_id is not None and self._cached.get(req_id) == seq_id and seq_id in self._global:
             self._global.close_sequence(seq_id)
@@ -242,6 +261,9 @@ class SuffixDecodingCache:
         req = self._active.get(req_id)
         if req is None:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
+        if req.cursor is None:
+            self._stages().extend(req_id, token_ids)
+            return
         ptr, n, keep = as_int32_buffer(token_ids)
         if n == 0:
             return
@@ -302,11 +324,19 @@ class SuffixDecodingCache:
         params = self._get_params(
             spec, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec
         )
+        if req.cursor is None:
+            return SuffixDecodingDraft.from_native(self._stages().draft(req_id, params))
         global_tree = self._global if self._use_global else None
         result = req.cursor._draft_tail(context, global_tree, params)
         return SuffixDecodingDraft(*result[:5])
 
     # --- internals -----------------------------------------------------------
+
+    def _stages(self) -> Speculator:
+        """The stage-shard speculator for staged requests (made on first use)."""
+        if self._speculator is None:
+            self._speculator = Speculator(self._max_tree_depth)
+        return self._speculator
 
     def _get_params(
         self, spec: int, factor: float, offset: float, min_prob: float, tree: bool

@@ -377,3 +377,25 @@ def test_repr_and_global_tree_type() -> None:
     assert repr(cache) == "<SuffixDecodingCache max_tree_depth=8 active=1 cached=1>"
     assert isinstance(cache.global_tree, SuffixTree)
     assert cache.global_tree.max_depth == DEPTH
+
+
+def test_staged_requests_use_stage_shards() -> None:
+    """start_request(stage=...) drafts from that stage's shard, learned on stop."""
+    from agentspec.compat import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(16)
+    # long enough (> 256 tokens) for the stage shards to be warm
+    cache.start_request("a", [1, 2], stage="SQL")
+    cache.add_active_response("a", [5, 6, 7, 8, *range(1000, 1300)])
+    cache.stop_request("a")
+    cache.start_request("b", [1, 2], stage="Extract")
+    cache.add_active_response("b", [5, 6, 9, 9, *range(2000, 2300)])
+    cache.stop_request("b")
+    assert "a" not in cache.cached_requests
+    cache.start_request("q", [0, 5, 6], stage="SQL")
+    draft = cache.speculate("q", [0, 5, 6], max_spec_tokens=8, max_spec_factor=4.0)
+    assert draft.token_ids[:2] == [7, 8]
+    cache.start_request("r", [0, 5, 6], stage="Extract")
+    draft = cache.speculate("r", [0, 5, 6], max_spec_tokens=8, max_spec_factor=4.0)
+    assert draft.token_ids[:2] == [9, 9]
+    assert set(cache.active_requests) == {"q", "r"}

@@ -29,6 +29,7 @@ def test_exported_api_is_the_documented_one() -> None:
         "Cursor",
         "Draft",
         "DraftParams",
+        "Speculator",
         "SuffixTree",
         "TreeStats",
         "__version__",

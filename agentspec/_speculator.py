@@ -1,0 +1,266 @@
+"""Stage shards: one global tree per (pipeline, stage), learned online.
+
+Agents run the same pipeline stages again and again (Classify, Extract, SQL,
+Combine, ...), and each stage's outputs resemble earlier outputs of that
+stage far more than outputs of other stages.  A `Speculator` keeps one
+global tree ("shard") per (pipeline, stage) key plus, optionally, one
+pipeline-wide tree over all stages of a pipeline, and a `Cursor` per active
+request.  A request drafts from its own tree, its stage shard and its
+pipeline tree at once (one native call; on equal scores the per-request
+tree wins, then the stage shard), and its response is learned into both
+shards when it finishes.
+"""
+
+from __future__ import annotations
+
+import array
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentspec import _lowlevel
+from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, make_draft, resolve_params
+from agentspec._tokens import TokenArray, as_int32_buffer
+from agentspec._tree import SuffixTree
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = ["ShardKey", "Speculator"]
+
+ShardKey = tuple[str | None, str | None]
+"""``(pipeline, stage)``; None stands for "untagged"."""
+
+
+@dataclass
+class _Shard:
+    """A global tree, its sequences oldest first as (id, length), and its token count."""
+
+    tree: SuffixTree
+    order: deque[tuple[int, int]] = field(default_factory=deque)
+    tokens: int = 0
+
+
+@dataclass
+class _Request:
+    """One active request."""
+
+    cursor: Cursor
+    key: ShardKey
+    response: array.array[int] = field(default_factory=lambda: array.array("i"))
+
+
+class Speculator:
+    """Drafting with stage shards, per-request trees and online learning.
+
+    Args:
+        max_depth: depth of every tree (and of the per-request cursors).
+        params: default drafting parameters (`DraftParams()` if None).
+        stage_shards: keep one tree per (pipeline, stage).  False keeps one
+            tree per pipeline only ("one tree for all stages").
+        pipeline_tree: also keep a pipeline-wide tree over all of a
+            pipeline's stages; it is the fallback while a stage shard is cold.
+        local_tree: give each request a tree over its own prompt and output.
+        cold_tokens: a stage shard with fewer tokens than this is not drafted
+            from while a pipeline tree exists.
+        max_shard_tokens: optional FIFO token budget per tree.
+
+    Not thread-safe: use one Speculator from one thread (or lock around it).
+    """
+
+    def __init__(
+        self,
+        max_depth: int = 64,
+        *,
+        params: DraftParams | None = None,
+        stage_shards: bool = True,
+        pipeline_tree: bool = True,
+        local_tree: bool = True,
+        cold_tokens: int = 256,
+        max_shard_tokens: int | None = None,
+    ) -> None:
+        """Create an empty speculator (see the class docstring for the arguments)."""
+        check_max_depth(max_depth)
+        if cold_tokens < 0:
+            raise InvalidArgumentError(f"cold_tokens must be >= 0, not {cold_tokens}")
+        if max_shard_tokens is not None and max_shard_tokens < 0:
+            raise InvalidArgumentError(f"max_shard_tokens must be >= 0, not {max_shard_tokens}")
+        self._max_depth = max_depth
+        self._params = resolve_params(params, {})
+        self._stage_shards = stage_shards
+        self._pipeline_tree = pipeline_tree
+        self._local_tree = local_tree
+        self._cold_tokens = cold_tokens
+        self._max_tokens = max_shard_tokens
+        self._stages: dict[ShardKey, _Shard] = {}
+        self._pipelines: dict[str | None, _Shard] = {}
+        self._requests: dict[Hashable, _Request] = {}
+        self._next_seq = 0
+        self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
+
+    # --- requests -------------------------------------------------------------
+
+    def start_request(
+        self,
+        req_id: Hashable,
+        prompt: TokenArray,
+        *,
+        stage: str | None = None,
+        pipeline: str | None = None,
+    ) -> None:
+        """Register a request with its prompt and its tags.
+
+        Raises:
+            InvalidArgumentError: the request is already active.
+            TypeError, InvalidTokenError: bad prompt tokens (nothing registered).
+        """
+        if req_id in self._requests:
+            raise InvalidArgumentError(f"request {req_id!r} is already active")
+        cursor = Cursor(self._max_depth, local_tree=self._local_tree, prompt=prompt)
+        self._requests[req_id] = _Request(cursor, (pipeline, stage))
+
+    def extend(self, req_id: Hashable, tokens: TokenArray) -> None:
+        """Append generated (accepted) tokens to a request's context."""
+        req = self._request(req_id)
+        ptr, n, keep = as_int32_buffer(tokens)
+        req.cursor._extend_buffer(ptr, n, keep)
+        req.response.extend(keep.tolist() if not isinstance(keep, array.array) else keep)
+
+    def draft(self, req_id: Hashable, params: DraftParams | None = None, **overrides: Any) -> Draft:
+        """Draft the next tokens of a request from its own tree and its shards."""
+        req = self._request(req_id)
+        p = self._params if params is None and not overrides else resolve_params(params, overrides)
+        trees = self._trees_for(req.key)
+        result, _ = req.cursor._draft_multi(trees, p, self._handles)
+        return make_draft(result)
+
+    def draft_source(
+        self, req_id: Hashable, params: DraftParams | None = None
+    ) -> tuple[Draft, str]:
+        """`draft`, plus which tree it came from: "stage", "pipeline", "local",
+        "merged" or "none"."""
+        req = self._request(req_id)
+        trees = self._trees_for(req.key)
+        result, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
+        draft = make_draft(result)
+        if draft.source != "global":
+            return draft, draft.source
+        return draft, self._tree_role(req.key, trees[index])
+
+    def finish(self, req_id: Hashable, *, learn: bool = True) -> None:
+        """End a request; with ``learn`` its response joins its stage and pipeline shards."""
+        req = self._requests.pop(req_id, None)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
+        req.cursor.close()
+        if learn and len(req.response) > 0:
+            self.add_response(req.response, stage=req.key[1], pipeline=req.key[0])
+
+    def add_response(
+        self, tokens: TokenArray, *, stage: str | None = None, pipeline: str | None = None
+    ) -> None:
+        """Learn one response into its shards (also the offline warm-up path)."""
+        _, n, keep = as_int32_buffer(tokens)
+        for shard in self._shards_for((pipeline, stage), create=True):
+            seq = self._next_seq
+            self._next_seq += 1
+            shard.tree.add(seq, keep)
+            shard.order.append((seq, n))
+            shard.tokens += n
+            if self._max_tokens is not None:
+                while shard.tokens > self._max_tokens and len(shard.order) > 1:
+                    old, size = shard.order.popleft()
+                    shard.tree.remove(old)
+                    shard.tokens -= size
+
+    # --- shards ---------------------------------------------------------------
+
+    def shard(self, stage: str | None = None, pipeline: str | None = None) -> SuffixTree | None:
+        """The stage shard of (pipeline, stage), or None if it does not exist."""
+        if not self._stage_shards:
+            return None
+        found = self._stages.get((pipeline, stage))
+        return found.tree if found else None
+
+    def pipeline_tree(self, pipeline: str | None = None) -> SuffixTree | None:
+        """The pipeline-wide tree of a pipeline, or None."""
+        found = self._pipelines.get(pipeline)
+        return found.tree if found else None
+
+    def shards(self) -> dict[ShardKey, SuffixTree]:
+        """Every stage shard by (pipeline, stage)."""
+        return {key: shard.tree for key, shard in self._stages.items()}
+
+    @property
+    def active_requests(self) -> frozenset[Hashable]:
+        """Ids of the requests started and not finished."""
+        return frozenset(self._requests)
+
+    def close(self) -> None:
+        """Free every cursor and tree now."""
+        for req in self._requests.values():
+            req.cursor.close()
+        self._requests.clear()
+        for shard in self._all_shards():
+            shard.tree.close()
+        self._stages.clear()
+        self._pipelines.clear()
+
+    def __enter__(self) -> Speculator:
+        """Use in a ``with`` block; closed on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close on leaving the ``with`` block."""
+        self.close()
+
+    # --- internals ------------------------------------------------------------
+
+    def _request(self, req_id: Hashable) -> _Request:
+        req = self._requests.get(req_id)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
+        return req
+
+    def _all_shards(self) -> Iterator[_Shard]:
+        yield from self._stages.values()
+        yield from self._pipelines.values()
+
+    def _new_shard(self) -> _Shard:
+        return _Shard(SuffixTree(self._max_depth))
+
+    def _shards_for(self, key: ShardKey, *, create: bool) -> list[_Shard]:
+        """The shards a response of ``key`` is learned into: stage, then pipeline."""
+        out: list[_Shard] = []
+        if self._stage_shards:
+            shard = self._stages.get(key)
+            if shard is None and create:
+                shard = self._stages[key] = self._new_shard()
+            if shard is not None:
+                out.append(shard)
+        if self._pipeline_tree or not self._stage_shards:
+            shard = self._pipelines.get(key[0])
+            if shard is None and create:
+                shard = self._pipelines[key[0]] = self._new_shard()
+            if shard is not None:
+                out.append(shard)
+        return out
+
+    def _trees_for(self, key: ShardKey) -> list[SuffixTree]:
+        """The global trees a request of ``key`` drafts from, most specific first."""
+        trees: list[SuffixTree] = []
+        if self._stage_shards:
+            stage = self._stages.get(key)
+            has_fallback = self._pipeline_tree and key[0] in self._pipelines
+            if stage is not None and not (
+                has_fallback and stage.tokens < self._cold_tokens
+            ):
+                trees.append(stage.tree)
+        if self._pipeline_tree or not self._stage_shards:
+            pipe = self._pipelines.get(key[0])
+            if pipe is not None:
+                trees.append(pipe.tree)
+        return trees
+
+    def _tree_role(self, key: ShardKey, tree: SuffixTree) -> str:
+        stage = self._stages.get(key)
+        return "stage" if stage is not None and stage.tree is tree else "pipeline"
