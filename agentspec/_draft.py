@@ -114,6 +114,11 @@ class DraftParams:
         _check_float("min_score", self.min_score)
         _check_int("max_pattern", self.max_pattern, 0, _UINT32_MAX)
         _check_int("min_pattern", self.min_pattern, 0, _UINT32_MAX)
+        if self.max_pattern != 0 and self.min_pattern > self.max_pattern:
+            raise InvalidArgumentError(
+                "min_pattern must not exceed max_pattern",
+                f"got {self.min_pattern} > {self.max_pattern}",
+            )
         for name in ("tree", "merge", "use_local", "use_global"):
             _check_bool(name, getattr(self, name))
 

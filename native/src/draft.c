@@ -14,7 +14,8 @@
  * first) and pushes its children in (count desc, token asc) order.  Inside
  * a compressed edge there is exactly one child, so D is unchanged there.
  * The draft for pattern length p holds at most
- * B(p) = min(max_spec_tokens, floor(alpha * p + offset)) tokens.
+ * B(p) = min(max_spec_tokens, floor(alpha * p + offset + 1e-6)) tokens (the
+ * 1e-6 keeps e.g. 0.7 * 10 from flooring to 6).
  *
  * Choosing.  score = sum of D over the draft.  Candidates are tried from
  * the longest pattern down; since a draft of b tokens scores at most b, a
