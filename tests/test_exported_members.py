@@ -7,7 +7,7 @@ import types
 import agentspec
 
 # Submodules that become attributes of the package only once someone imports them.
-LAZY_SUBMODULES = {"compat"}
+LAZY_SUBMODULES = {"bench", "chat", "compat", "traces"}
 
 
 def test_all_imports_are_exported() -> None:
