@@ -386,14 +386,12 @@ class Cursor:
             if params.max_spec_tokens > bufs.cap:
                 bufs.ensure(params.max_spec_tokens)
             if global_tree is None:
-                _lowlevel.draft(h, _lowlevel.NULL, c_params, bufs)
-            else:
-                g = read_begin(global_tree)
-                try:
-                    _lowlevel.draft(h, g, c_params, bufs)
-                finally:
-                    global_tree._read_end()
-            return bufs.result()
+                return _lowlevel.draft(h, _lowlevel.NULL, c_params, bufs)
+            g = read_begin(global_tree)
+            try:
+                return _lowlevel.draft(h, g, c_params, bufs)
+            finally:
+                global_tree._read_end()
         finally:
             self._lock.release()
 

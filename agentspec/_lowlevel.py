@@ -454,11 +454,27 @@ class DraftBuffers:
         )
 
 
-def draft(cur: CData, global_tree: CData, params: CData, bufs: DraftBuffers) -> None:
-    """Draft from a cursor (and a global tree or NULL) into ``bufs``."""
-    st = lib.as_draft(cur, global_tree, params, bufs.out)
+def draft(
+    cur: CData, global_tree: CData, params: CData, bufs: DraftBuffers
+) -> tuple[list[int], list[int], list[float], float, int, int]:
+    """Draft from a cursor (and a global tree or NULL); returns `DraftBuffers.result`.
+
+    One function for the call and the conversion: this is the per-request,
+    per-decode-step path, so it avoids every extra Python call it can.
+    """
+    out = bufs.out
+    st = lib.as_draft(cur, global_tree, params, out)
     if st:
         raise error(st)
+    n = out.n
+    return (
+        ffi.unpack(bufs.tokens, n),
+        ffi.unpack(bufs.parents, n),
+        ffi.unpack(bufs.probs, n),
+        out.score,
+        out.match_len,
+        out.source,
+    )
 
 
 MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
