@@ -282,9 +282,18 @@ class Cursor:
                 _lowlevel.release(handle)
                 raise
         self._h = handle
-        self._bufs = _lowlevel.DraftBuffers(_DEFAULT_PARAMS.max_spec_tokens)
+        self._bufs: _lowlevel.DraftBuffers | None = None  # made on the first draft
 
     # --- state ------------------------------------------------------------
+
+    def _buffers(self, cap: int) -> _lowlevel.DraftBuffers:
+        """This cursor's output buffers, with room for ``cap`` tokens."""
+        bufs = self._bufs
+        if bufs is None:
+            bufs = self._bufs = _lowlevel.DraftBuffers(max(cap, _DEFAULT_PARAMS.max_spec_tokens))
+        elif cap > bufs.cap:
+            bufs.ensure(cap)
+        return bufs
 
     def _enter(self) -> _lowlevel.CData:
         """Take the cursor's lock (non-blocking) and return the live handle."""
@@ -382,9 +391,7 @@ class Cursor:
         c_params = params._c
         h = self._enter()
         try:
-            bufs = self._bufs
-            if params.max_spec_tokens > bufs.cap:
-                bufs.ensure(params.max_spec_tokens)
+            bufs = self._buffers(params.max_spec_tokens)
             if global_tree is None:
                 return _lowlevel.draft(h, _lowlevel.NULL, c_params, bufs)
             g = read_begin(global_tree)
@@ -410,9 +417,7 @@ class Cursor:
             for i, tree in enumerate(trees):
                 handles[i] = read_begin(tree)
                 entered.append(tree)
-            bufs = self._bufs
-            if params.max_spec_tokens > bufs.cap:
-                bufs.ensure(params.max_spec_tokens)
+            bufs = self._buffers(params.max_spec_tokens)
             index = _lowlevel.draft_multi(h, handles, len(trees), c_params, bufs)
             return bufs.result(), index
         finally:
@@ -435,9 +440,7 @@ class Cursor:
         c_params = params._c
         h = self._enter()
         try:
-            bufs = self._bufs
-            if params.max_spec_tokens > bufs.cap:
-                bufs.ensure(params.max_spec_tokens)
+            bufs = self._buffers(params.max_spec_tokens)
             if global_tree is None:
                 _lowlevel.draft_tail(h, _lowlevel.NULL, ptr, n, keep, c_params, bufs)
             else:
@@ -463,9 +466,7 @@ class Cursor:
         c_params = params._c
         h = self._enter()
         try:
-            bufs = self._bufs
-            if params.max_spec_tokens > bufs.cap:
-                bufs.ensure(params.max_spec_tokens)
+            bufs = self._buffers(params.max_spec_tokens)
             local = _lowlevel.cursor_local_tree(h)
             if global_tree is None:
                 _lowlevel.draft_context(_lowlevel.NULL, local, ptr, n, keep, c_params, bufs)

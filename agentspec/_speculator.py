@@ -58,7 +58,8 @@ class Speculator:
         stage_shards: keep one tree per (pipeline, stage).  False keeps one
             tree per pipeline only ("one tree for all stages").
         pipeline_tree: also keep a pipeline-wide tree over all of a
-            pipeline's stages; it is the fallback while a stage shard is cold.
+            pipeline's stages (made once a pipeline has two stages); it is
+            the fallback while a stage shard is cold.
         local_tree: give each request a tree over its own prompt and output.
         cold_tokens: a stage shard with fewer tokens than this is not drafted
             from while a pipeline tree exists.
@@ -160,17 +161,21 @@ class Speculator:
     ) -> None:
         """Learn one response into its shards (also the offline warm-up path)."""
         _, n, keep = as_int32_buffer(tokens)
+        seq = self._next_seq
+        self._next_seq += 1
         for shard in self._shards_for((pipeline, stage), create=True):
-            seq = self._next_seq
-            self._next_seq += 1
-            shard.tree.add(seq, keep)
-            shard.order.append((seq, n))
-            shard.tokens += n
-            if self._max_tokens is not None:
-                while shard.tokens > self._max_tokens and len(shard.order) > 1:
-                    old, size = shard.order.popleft()
-                    shard.tree.remove(old)
-                    shard.tokens -= size
+            self._learn(shard, seq, keep, n)
+
+    def _learn(self, shard: _Shard, seq: int, tokens: Any, n: int) -> None:
+        """Add one sequence to a shard, then evict its oldest beyond the budget."""
+        shard.tree.add(seq, tokens)
+        shard.order.append((seq, n))
+        shard.tokens += n
+        if self._max_tokens is not None:
+            while shard.tokens > self._max_tokens and len(shard.order) > 1:
+                old, size = shard.order.popleft()
+                shard.tree.remove(old)
+                shard.tokens -= size
 
     # --- shards ---------------------------------------------------------------
 
@@ -229,36 +234,59 @@ class Speculator:
         return _Shard(SuffixTree(self._max_depth))
 
     def _shards_for(self, key: ShardKey, *, create: bool) -> list[_Shard]:
-        """The shards a response of ``key`` is learned into: stage, then pipeline."""
+        """The shards a response of ``key`` is learned into: stage, then pipeline.
+
+        While a pipeline has a single stage its pipeline tree would duplicate
+        that stage's shard, so it is only made when a second stage shows up,
+        filled with what the existing stage shards hold.
+        """
         out: list[_Shard] = []
-        if self._stage_shards:
-            shard = self._stages.get(key)
-            if shard is None and create:
-                shard = self._stages[key] = self._new_shard()
-            if shard is not None:
-                out.append(shard)
-        if self._pipeline_tree or not self._stage_shards:
+        if not self._stage_shards:
             shard = self._pipelines.get(key[0])
             if shard is None and create:
                 shard = self._pipelines[key[0]] = self._new_shard()
-            if shard is not None:
-                out.append(shard)
+            return [shard] if shard is not None else []
+        stage = self._stages.get(key)
+        if stage is None and create:
+            stage = self._stages[key] = self._new_shard()
+        if stage is not None:
+            out.append(stage)
+        if self._pipeline_tree:
+            pipe = self._pipelines.get(key[0])
+            if pipe is None and create:
+                siblings = [s for k, s in self._stages.items() if k[0] == key[0] and k != key]
+                if siblings:
+                    pipe = self._pipelines[key[0]] = self._new_shard()
+                    for sibling in siblings:
+                        for seq, n in sibling.order:
+                            self._learn(pipe, seq, sibling.tree.sequence(seq), n)
+            if pipe is not None:
+                out.append(pipe)
         return out
 
     def _trees_for(self, key: ShardKey) -> list[SuffixTree]:
-        """The global trees a request of ``key`` drafts from, most specific first."""
-        trees: list[SuffixTree] = []
-        if self._stage_shards:
-            stage = self._stages.get(key)
-            has_fallback = self._pipeline_tree and key[0] in self._pipelines
-            if stage is not None and not (
-                has_fallback and stage.tokens < self._cold_tokens
-            ):
-                trees.append(stage.tree)
-        if self._pipeline_tree or not self._stage_shards:
+        """The global trees a request of ``key`` drafts from, most specific first.
+
+        The fallback for a missing or cold stage shard is the pipeline tree,
+        or, while the pipeline has a single stage (and so no pipeline tree
+        yet), that stage's shard.
+        """
+        if not self._stage_shards:
             pipe = self._pipelines.get(key[0])
-            if pipe is not None:
-                trees.append(pipe.tree)
+            return [pipe.tree] if pipe is not None else []
+        stage = self._stages.get(key)
+        fallback: _Shard | None = None
+        if self._pipeline_tree:
+            fallback = self._pipelines.get(key[0])
+            if fallback is None:
+                fallback = next((s for k, s in self._stages.items() if k[0] == key[0]), None)
+        trees: list[SuffixTree] = []
+        if stage is not None and (
+            fallback is None or fallback is stage or stage.tokens >= self._cold_tokens
+        ):
+            trees.append(stage.tree)
+        if fallback is not None and fallback is not stage:
+            trees.append(fallback.tree)
         return trees
 
     def _tree_role(self, key: ShardKey, tree: SuffixTree) -> str:

@@ -61,10 +61,32 @@ def test_cold_stage_falls_back_to_pipeline_tree() -> None:
     """A stage shard below cold_tokens is skipped while the pipeline tree serves."""
     with Speculator(16, local_tree=False, cold_tokens=100, params=PARAMS) as spec:
         run(spec, "a", [0], [1, 2, 3, 4], "SQL")
+        run(spec, "b", [0], [1, 2, 3, 5], "Extract")
         spec.start_request("q", [1, 2], stage="SQL", pipeline="p")
         draft, role = spec.draft_source("q")
         assert role == "pipeline"
         assert draft.token_ids[0] == 3
+
+
+def test_single_stage_pipeline_keeps_one_tree() -> None:
+    """One stage: no duplicate pipeline tree; a new stage falls back to the old stage's shard."""
+    with Speculator(16, local_tree=False, cold_tokens=100, params=PARAMS) as spec:
+        run(spec, "a", [0], [1, 2, 3, 4], "SQL")
+        assert spec.pipeline_tree("p") is None
+        spec.start_request("q", [1, 2], stage="SQL", pipeline="p")
+        draft, role = spec.draft_source("q")
+        assert role == "stage"  # cold, but nothing else to fall back to
+        assert draft.token_ids[0] == 3
+        spec.start_request("r", [1, 2], stage="Extract", pipeline="p")
+        draft, role = spec.draft_source("r")
+        assert role == "pipeline"  # the only shard of the pipeline serves the new stage
+        assert draft.token_ids[0] == 3
+        spec.extend("r", [3, 5])
+        spec.finish("r")
+        pipe = spec.pipeline_tree("p")
+        assert pipe is not None  # made on the second stage, holding both stages
+        assert len(pipe) == 2
+        assert pipe.count([3]) == 2
 
 
 def test_one_tree_for_all_stages() -> None:

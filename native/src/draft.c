@@ -301,6 +301,24 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
                          int32_t parent, uint32_t depth, uint32_t dcap, double min_prob,
                          uint32_t room, uint32_t *hn, uint64_t *order) {
     if (depth >= dcap || room == 0) return AS_OK;
+    /* One tree: if even the most frequent child misses the cut, none passes --
+     * decided in O(1) instead of listing every child of a busy node. */
+    int sides = 0, only = 0;
+    for (int s = 0; s < (int)cand->n; s++)
+        if (mp->has[s]) {
+            sides++;
+            only = s;
+        }
+    if (sides == 1) {
+        const as_tree *t = cand->tree[only];
+        const node *nd = N(t, mp->p[only].node);
+        if (mp->p[only].node != ROOT && mp->p[only].x >= ndepth(t, nd)) {
+            int32_t key;
+            uint32_t b = best_child(t, nd, &key);
+            if (b == NIL || d * ((double)N(t, b)->count / (double)child_total(t, nd)) < min_prob)
+                return AS_OK;
+        }
+    }
     uint32_t n;
     int rc = enum_conts(sc, cand, mp, &n);
     if (rc != AS_OK) return rc;

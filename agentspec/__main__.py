@@ -1,0 +1,78 @@
+"""The ``agentspec`` command line (``python -m agentspec`` or the ``agentspec`` script).
+
+Subcommands:
+
+- ``agentspec bench replay TRACES...``: replay traces through a simulated
+  greedy verifier for several drafting methods (`agentspec.bench.replay`);
+- ``agentspec bench entropy TRACES...``: the per-stage entropy predictor
+  (`agentspec.bench.entropy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from agentspec.exceptions import AgentSpecError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``agentspec`` command."""
+    from agentspec.bench import entropy, replay
+
+    parser = argparse.ArgumentParser(
+        prog="agentspec",
+        description="agentspec: model-free speculative decoding with suffix trees.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench = sub.add_parser(
+        "bench",
+        help="offline benchmarks on recorded traces",
+        description="Offline benchmarks of drafting methods on recorded traces.",
+    )
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    rp = bsub.add_parser(
+        "replay",
+        help="replay traces through a simulated greedy verifier",
+        description=(replay.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_arguments(rp)
+    rp.set_defaults(func=replay.run_cli)
+    ep = bsub.add_parser(
+        "entropy",
+        help="count-weighted next-token entropy per stage (is the workload predictable?)",
+        description=(entropy.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    entropy.add_arguments(ep)
+    ep.set_defaults(func=entropy.run_cli)
+    bench.set_defaults(func=None, _help=bench.print_help)
+    parser.set_defaults(func=None, _help=parser.print_help)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (0 ok, 1 failed, 2 usage error)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.func is None:
+        args._help(sys.stderr)
+        return 2
+    args.argv = ["agentspec", *args_list]
+    try:
+        return int(args.func(args))
+    except (AgentSpecError, OSError, ValueError, RuntimeError) as e:
+        print(f"agentspec: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nagentspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
