@@ -70,6 +70,7 @@ IM_END = "<|im_end|>"
 METHODS: dict[str, str] = {
     "stage-shards": "Speculator: a shard per (pipeline, stage), pipeline tree, per-request tree",
     "one-tree": "Speculator(stage_shards=False): one tree per pipeline for all stages",
+    "stage-only": "Speculator(pipeline_tree=False): one tree per stage, no pipeline tree",
     "global-only": "stage-shards without the per-request tree (use_local=False)",
     "local-only": "stage-shards drafting from the per-request tree only (use_global=False)",
     "tree-drafts": "stage-shards with best-first tree drafts (tree=True)",
@@ -80,7 +81,14 @@ METHODS: dict[str, str] = {
     "oracle": "longest prefix of the truth seen before (prompt, output, earlier responses)",
 }
 ORACLE = "oracle"
-_SPECULATOR_METHODS = ("stage-shards", "one-tree", "global-only", "local-only", "tree-drafts")
+_SPECULATOR_METHODS = (
+    "stage-shards",
+    "one-tree",
+    "stage-only",
+    "global-only",
+    "local-only",
+    "tree-drafts",
+)
 _ARCTIC_METHODS = ("arctic", "arctic-per-stage")
 
 
@@ -294,6 +302,7 @@ class SpeculatorMethod(Method):
         cfg: ReplayConfig,
         *,
         stage_shards: bool = True,
+        pipeline_tree: bool = True,
         local_tree: bool = True,
         **overrides: bool,
     ) -> None:
@@ -312,7 +321,7 @@ class SpeculatorMethod(Method):
             cfg.depth,
             params=params,
             stage_shards=stage_shards,
-            pipeline_tree=True,
+            pipeline_tree=pipeline_tree,
             local_tree=local_tree,
         )
         self._draft = self._spec.draft
@@ -580,6 +589,8 @@ def make_method(name: str, cfg: ReplayConfig) -> Method:
         return SpeculatorMethod(name, cfg)
     if name == "one-tree":
         return SpeculatorMethod(name, cfg, stage_shards=False)
+    if name == "stage-only":
+        return SpeculatorMethod(name, cfg, pipeline_tree=False)
     if name == "global-only":
         return SpeculatorMethod(name, cfg, local_tree=False, use_local=False)
     if name == "local-only":
