@@ -47,6 +47,8 @@ class _Request:
     cursor: Cursor
     key: ShardKey
     response: array.array[int] = field(default_factory=lambda: array.array("i"))
+    trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
+    version: int = -1  # the Speculator's shard version `trees` was computed at
 
 
 class Speculator:
@@ -96,6 +98,7 @@ class Speculator:
         self._pipelines: dict[str | None, _Shard] = {}
         self._requests: dict[Hashable, _Request] = {}
         self._next_seq = 0
+        self._version = 0  # bumped whenever a shard is created or learns
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
 
     # --- requests -------------------------------------------------------------
@@ -130,8 +133,7 @@ class Speculator:
         """Draft the next tokens of a request from its own tree and its shards."""
         req = self._request(req_id)
         p = self._params if params is None and not overrides else resolve_params(params, overrides)
-        trees = self._trees_for(req.key)
-        result, _ = req.cursor._draft_multi(trees, p, self._handles)
+        result, _ = req.cursor._draft_multi(self._request_trees(req), p, self._handles)
         return make_draft(result)
 
     def draft_source(
@@ -140,7 +142,7 @@ class Speculator:
         """`draft`, plus which tree it came from: "stage", "pipeline", "local",
         "merged" or "none"."""
         req = self._request(req_id)
-        trees = self._trees_for(req.key)
+        trees = self._request_trees(req)
         result, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
         draft = make_draft(result)
         if draft.source != "global":
@@ -163,6 +165,7 @@ class Speculator:
         _, n, keep = as_int32_buffer(tokens)
         seq = self._next_seq
         self._next_seq += 1
+        self._version += 1
         for shard in self._shards_for((pipeline, stage), create=True):
             self._learn(shard, seq, keep, n)
 
@@ -209,6 +212,7 @@ class Speculator:
             shard.tree.close()
         self._stages.clear()
         self._pipelines.clear()
+        self._version += 1
 
     def __enter__(self) -> Speculator:
         """Use in a ``with`` block; closed on exit."""
@@ -225,6 +229,13 @@ class Speculator:
         if req is None:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
         return req
+
+    def _request_trees(self, req: _Request) -> list[SuffixTree]:
+        """The trees a request drafts from, recomputed only when shards changed."""
+        if req.version != self._version:
+            req.trees = self._trees_for(req.key)
+            req.version = self._version
+        return req.trees
 
     def _all_shards(self) -> Iterator[_Shard]:
         yield from self._stages.values()
