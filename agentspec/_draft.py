@@ -453,33 +453,6 @@ class Cursor:
         finally:
             self._lock.release()
 
-    def _draft_context(
-        self, context: TokenArray, global_tree: SuffixTree | None, params: DraftParams
-    ) -> DraftResult:
-        """Draft for an arbitrary ``context`` against this cursor's tree and ``global_tree``.
-
-        Matches every pattern from scratch (no incremental state); used when
-        the context is not the tail of the cursor's own context.  Returns the
-        raw `DraftBuffers.result` tuple.
-        """
-        ptr, n, keep = as_int32_buffer(context)
-        c_params = params._c
-        h = self._enter()
-        try:
-            bufs = self._buffers(params.max_spec_tokens)
-            local = _lowlevel.cursor_local_tree(h)
-            if global_tree is None:
-                _lowlevel.draft_context(_lowlevel.NULL, local, ptr, n, keep, c_params, bufs)
-            else:
-                g = read_begin(global_tree)
-                try:
-                    _lowlevel.draft_context(g, local, ptr, n, keep, c_params, bufs)
-                finally:
-                    global_tree._read_end()
-            return bufs.result()
-        finally:
-            self._lock.release()
-
     def close(self) -> None:
         """Free the cursor's memory now; later use raises TreeClosedError.
 
