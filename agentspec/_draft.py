@@ -412,17 +412,16 @@ class Cursor:
         """
         c_params = params._c
         h = self._enter()
-        entered: list[SuffixTree] = []
+        begun = 0
         try:
-            for i, tree in enumerate(trees):
-                handles[i] = read_begin(tree)
-                entered.append(tree)
+            for tree in trees:
+                handles[begun] = read_begin(tree)
+                begun += 1
             bufs = self._buffers(params.max_spec_tokens)
-            index = _lowlevel.draft_multi(h, handles, len(trees), c_params, bufs)
-            return bufs.result(), index
+            return _lowlevel.draft_multi(h, handles, begun, c_params, bufs)
         finally:
-            for tree in entered:
-                tree._read_end()
+            for i in range(begun):
+                trees[i]._read_end()
             self._lock.release()
 
     def _draft_tail(

@@ -482,13 +482,24 @@ MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
 
 def draft_multi(
     cur: CData, globals_: CData, n: int, params: CData, bufs: DraftBuffers
-) -> int:
-    """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns the
-    index of the global tree the draft came from (0 when none)."""
-    st = lib.as_draft_multi(cur, globals_, n, params, bufs.out)
+) -> tuple[tuple[list[int], list[int], list[float], float, int, int], int]:
+    """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns
+    `DraftBuffers.result` and the index of the global tree the draft came from
+    (0 when none).  One function for call and conversion, like `draft`."""
+    out = bufs.out
+    st = lib.as_draft_multi(cur, globals_, n, params, out)
     if st:
         raise error(st)
-    return int(bufs.out.global_index)
+    k = out.n
+    result = (
+        ffi.unpack(bufs.tokens, k),
+        ffi.unpack(bufs.parents, k),
+        ffi.unpack(bufs.probs, k),
+        out.score,
+        out.match_len,
+        out.source,
+    )
+    return result, int(out.global_index)
 
 
 def new_tree_array(n: int) -> CData:
