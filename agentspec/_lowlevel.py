@@ -457,24 +457,11 @@ class DraftBuffers:
 def draft(
     cur: CData, global_tree: CData, params: CData, bufs: DraftBuffers
 ) -> tuple[list[int], list[int], list[float], float, int, int]:
-    """Draft from a cursor (and a global tree or NULL); returns `DraftBuffers.result`.
-
-    One function for the call and the conversion: this is the per-request,
-    per-decode-step path, so it avoids every extra Python call it can.
-    """
-    out = bufs.out
-    st = lib.as_draft(cur, global_tree, params, out)
+    """Draft from a cursor (and a global tree or NULL); returns `DraftBuffers.result`."""
+    st = lib.as_draft(cur, global_tree, params, bufs.out)
     if st:
         raise error(st)
-    n = out.n
-    return (
-        ffi.unpack(bufs.tokens, n),
-        ffi.unpack(bufs.parents, n),
-        ffi.unpack(bufs.probs, n),
-        out.score,
-        out.match_len,
-        out.source,
-    )
+    return bufs.result()
 
 
 MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
@@ -485,21 +472,11 @@ def draft_multi(
 ) -> tuple[tuple[list[int], list[int], list[float], float, int, int], int]:
     """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns
     `DraftBuffers.result` and the index of the global tree the draft came from
-    (0 when none).  One function for call and conversion, like `draft`."""
-    out = bufs.out
-    st = lib.as_draft_multi(cur, globals_, n, params, out)
+    (0 when none)."""
+    st = lib.as_draft_multi(cur, globals_, n, params, bufs.out)
     if st:
         raise error(st)
-    k = out.n
-    result = (
-        ffi.unpack(bufs.tokens, k),
-        ffi.unpack(bufs.parents, k),
-        ffi.unpack(bufs.probs, k),
-        out.score,
-        out.match_len,
-        out.source,
-    )
-    return result, int(out.global_index)
+    return bufs.result(), int(bufs.out.global_index)
 
 
 def new_tree_array(n: int) -> CData:
