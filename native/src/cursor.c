@@ -112,10 +112,10 @@ void as_cursor_free(as_cursor *c) {
 
 int as_cursor_extend(as_cursor *c, const int32_t *tokens, size_t n) {
     if (c == NULL || (tokens == NULL && n > 0)) return AS_ERR_INVALID_ARG;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0) return AS_ERR_INVALID_TOKEN;
+    int rc = tokens_valid(tokens, n);
+    if (rc != AS_OK) return rc;
     if (c->local != NULL) {
-        int rc = as_tree_append(c->local, LOCAL_SEQ, tokens, n);
+        rc = as_tree_append(c->local, LOCAL_SEQ, tokens, n);
         if (rc != AS_OK) {
             /* keep the history in step with whatever prefix the tree took */
             uint64_t len = 0;
@@ -304,8 +304,8 @@ int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params,
 int as_draft_tail(as_cursor *c, const as_tree *global, const int32_t *ctx, size_t n,
                   const as_draft_params *params, as_draft_out *out) {
     if (c == NULL || out == NULL || (ctx == NULL && n > 0)) return AS_ERR_INVALID_ARG;
-    for (size_t i = 0; i < n; i++)
-        if (ctx[i] < 0) return AS_ERR_INVALID_TOKEN;
+    int rc = tokens_valid(ctx, n);
+    if (rc != AS_OK) return rc;
     uint64_t need = c->len < c->max_depth - 1 ? c->len : c->max_depth - 1;
     int tail = n >= need && n <= c->len;
     for (uint64_t i = 1; tail && i <= need; i++)

@@ -535,8 +535,8 @@ int as_draft_context(const as_tree *global, const as_tree *local, const int32_t 
     if (rc != AS_OK) return rc;
     if (out->tokens == NULL || out->parents == NULL || out->probs == NULL) return AS_ERR_INVALID_ARG;
     if (out->cap < params->max_spec_tokens) return AS_ERR_CAPACITY;
-    for (size_t i = 0; i < n; i++)
-        if (context[i] < 0) return AS_ERR_INVALID_TOKEN;
+    rc = tokens_valid(context, n);
+    if (rc != AS_OK) return rc;
     if (params->flags & AS_DRAFT_NO_GLOBAL) global = NULL;
     if (params->flags & AS_DRAFT_NO_LOCAL) local = NULL;
     uint64_t acct = 0;

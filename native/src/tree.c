@@ -526,12 +526,6 @@ static void append_token(as_tree *t, uint32_t si, int32_t tok) {
     s->implicit_end = b;
 }
 
-static int validate_tokens(const int32_t *tokens, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0) return AS_ERR_INVALID_TOKEN;
-    return AS_OK;
-}
-
 static int append_validated(as_tree *t, uint32_t si, const int32_t *tokens, size_t n) {
     seqrec *s = &t->seqs[si];
     if ((uint64_t)s->len + n > UINT32_MAX - 1 || t->live_tokens + n > UINT32_MAX - 1)
@@ -769,7 +763,7 @@ uint32_t as_tree_max_depth(const as_tree *t) { return t ? t->max_depth : 0; }
 
 int as_tree_append(as_tree *t, int64_t seq_id, const int32_t *tokens, size_t n) {
     if (t == NULL || (tokens == NULL && n > 0)) return AS_ERR_INVALID_ARG;
-    int rc = validate_tokens(tokens, n);
+    int rc = tokens_valid(tokens, n);
     if (rc != AS_OK) return rc;
     uint32_t si = tree_seq_index(t, seq_id);
     if (si == NIL) {
@@ -825,7 +819,7 @@ int tree_add_validated(as_tree *t, int64_t seq_id, const int32_t *tokens, size_t
 
 int as_tree_add(as_tree *t, int64_t seq_id, const int32_t *tokens, size_t n) {
     if (t == NULL || (tokens == NULL && n > 0)) return AS_ERR_INVALID_ARG;
-    int rc = validate_tokens(tokens, n);
+    int rc = tokens_valid(tokens, n);
     if (rc != AS_OK) return rc;
     return tree_add_validated(t, seq_id, tokens, n);
 }
@@ -896,7 +890,7 @@ int as_tree_stats_get(const as_tree *t, as_tree_stats *out) {
 
 int as_tree_count(const as_tree *t, const int32_t *tokens, size_t n, uint64_t *count) {
     if (t == NULL || count == NULL || tokens == NULL || n == 0) return AS_ERR_INVALID_ARG;
-    int rc = validate_tokens(tokens, n);
+    int rc = tokens_valid(tokens, n);
     if (rc != AS_OK) return rc;
     *count = 0;
     if (n > t->max_depth) return AS_OK;

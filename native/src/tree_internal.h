@@ -31,6 +31,7 @@
 #ifndef AS_TREE_INTERNAL_H
 #define AS_TREE_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "agentspec.h"
@@ -188,6 +189,13 @@ static inline int point_has_next(const as_tree *t, point p) {
 /* Endpoint node of the open sequence's window of length len (1..max_depth-1),
  * i.e. the point where its last `len` tokens end; NIL if not available. */
 uint32_t tree_open_endpoint(const as_tree *t, uint32_t seq_index, uint32_t len);
+
+/* AS_OK if every token id is valid (>= 0), else AS_ERR_INVALID_TOKEN. */
+static inline int tokens_valid(const int32_t *tokens, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0) return AS_ERR_INVALID_TOKEN;
+    return AS_OK;
+}
 
 /* Internal sequence index of a caller id, or NIL. */
 uint32_t tree_seq_index(const as_tree *t, int64_t seq_id);
