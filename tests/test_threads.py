@@ -19,6 +19,7 @@ from agentspec import BatchDrafter, Cursor, Draft, DraftParams, SuffixTree
 
 DEPTH = 16
 N_READERS = 4
+DEADLINE_S = 120.0  # contention tests give up (and fail) after this, never hang
 PARAMS = [
     DraftParams(max_spec_tokens=8),
     DraftParams(max_spec_tokens=16, tree=True, min_token_prob=0.05),
@@ -162,6 +163,17 @@ def test_parallel_drafts_equal_single_threaded() -> None:
         tree.check()
 
 
+def backoff() -> None:
+    """Let the other thread take the GIL and the tree between two attempts.
+
+    Without a pause, a thread retrying in a tight loop can keep missing the
+    short windows in which the other thread is outside a call (it only ever
+    gets the GIL while the other thread is inside C holding the guard): a
+    livelock on some schedulers.
+    """
+    time.sleep(0.0005)
+
+
 def test_concurrent_modification_raises_runtime_error() -> None:
     """Modifying or reading a tree while another thread modifies it raises RuntimeError."""
     rng = random.Random(5)
@@ -169,20 +181,22 @@ def test_concurrent_modification_raises_runtime_error() -> None:
     tree = SuffixTree(64)
     started = threading.Event()
     outcome: dict[str, int] = {"write_ok": 0, "write_busy": 0, "read_busy": 0, "add_retries": 0}
+    deadline = time.monotonic() + DEADLINE_S
 
     def long_add() -> None:
         started.set()
-        while True:
+        while time.monotonic() < deadline:
             try:
                 tree.add(1, big)  # holds the tree for a few hundred milliseconds
                 return
             except RuntimeError:
                 outcome["add_retries"] += 1
+                backoff()
 
     adder = threading.Thread(target=long_add)
     adder.start()
     started.wait()
-    while adder.is_alive():
+    while adder.is_alive() and time.monotonic() < deadline:
         try:
             tree.append(2, [7])
             outcome["write_ok"] += 1
@@ -192,8 +206,10 @@ def test_concurrent_modification_raises_runtime_error() -> None:
             tree.count([7])
         except RuntimeError:
             outcome["read_busy"] += 1
+        backoff()
     adder.join()
     with tree:
+        assert 1 in tree, f"the long add never got the tree: {outcome}"
         assert outcome["write_busy"] > 0
         assert outcome["read_busy"] > 0
         tree.check()
@@ -211,17 +227,19 @@ def test_modification_during_read_raises_runtime_error() -> None:
     count_before = tree.count([1, 2])
     started = threading.Event()
     done = threading.Event()
+    deadline = time.monotonic() + DEADLINE_S
+    checks = 0
 
     def long_reads() -> None:
+        nonlocal checks
         started.set()
         try:
-            checks = 0
-            while checks < 5:
+            while checks < 5 and time.monotonic() < deadline:
                 try:
                     tree.check()  # a read of the whole tree, tens of milliseconds each
                     checks += 1
                 except RuntimeError:
-                    pass  # refused: the main thread was inside a (short) write
+                    backoff()  # refused: the main thread was inside a (short) write
         finally:
             done.set()
 
@@ -230,9 +248,7 @@ def test_modification_during_read_raises_runtime_error() -> None:
     started.wait()
     busy = 0
     present = False  # sequence 2 goes in and out, so memory stays bounded
-    deadline = time.monotonic() + 120
     while not done.is_set():
-        assert time.monotonic() < deadline, "the reader never finished"
         try:
             if present:
                 tree.remove(2)
@@ -241,8 +257,10 @@ def test_modification_during_read_raises_runtime_error() -> None:
             present = not present
         except RuntimeError:
             busy += 1
+        backoff()
     reader.join()
     with tree:
+        assert checks == 5, "the reader never got the tree often enough"
         assert busy > 0
         assert tree.sequence_ids() == ([1, 2] if present else [1])
         assert tree.count([1, 2]) == count_before + present
@@ -258,26 +276,28 @@ def test_cursor_used_from_two_threads_raises() -> None:
     long_prompt = [rng.randrange(50) for _ in range(300_000)]
     cur = Cursor(64)
     started = threading.Event()
+    deadline = time.monotonic() + DEADLINE_S
 
     def long_extend() -> None:
         started.set()
-        while True:
+        while time.monotonic() < deadline:
             try:
                 cur.extend(long_prompt)  # a few hundred milliseconds inside the cursor
                 return
             except RuntimeError:
-                pass  # the main thread was inside draft(); nothing was appended
+                backoff()  # the main thread was inside draft(); nothing was appended
 
     worker = threading.Thread(target=long_extend)
     worker.start()
     started.wait()
     busy = 0
-    while worker.is_alive():
+    while worker.is_alive() and time.monotonic() < deadline:
         try:
             cur.draft(None)
         except RuntimeError:
             busy += 1
+        backoff()
     worker.join()
     with cur:
+        assert len(cur) == len(long_prompt), "the long extend never got the cursor"
         assert busy > 0
-        assert len(cur) == len(long_prompt)
