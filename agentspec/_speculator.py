@@ -9,6 +9,12 @@ request.  A request drafts from its own tree, its stage shard and its
 pipeline tree at once (one native call; on equal scores the per-request
 tree wins, then the stage shard), and its response is learned into both
 shards when it finishes.
+
+Each response is learned behind the last ``lead_tokens`` tokens of its
+prompt (the generation prompt, e.g. ``<|im_start|>assistant\n``, and the end
+of the last turn), so a shard also knows how its stage's responses start:
+a request's first draft, made before it has generated anything, matches that
+lead instead of nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ ShardKey = tuple[str | None, str | None]
 """``(pipeline, stage)``; None stands for "untagged"."""
 
 
+def _int32_array(tokens: TokenArray) -> array.array[int]:
+    """A checked ``array('i')`` copy of a token array."""
+    _, _, keep = as_int32_buffer(tokens)
+    out = array.array("i")
+    out.frombytes(memoryview(keep).cast("B"))
+    return out
+
+
 @dataclass
 class _Shard:
     """A global tree, its sequences oldest first as (id, length), and its token count."""
@@ -47,6 +61,7 @@ class _Request:
     cursor: Cursor
     key: ShardKey
     response: array.array[int] = field(default_factory=lambda: array.array("i"))
+    lead: array.array[int] | None = None  # the prompt's last tokens, learned before `response`
     trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
     version: int = -1  # the Speculator's shard version `trees` was computed at
 
@@ -66,6 +81,8 @@ class Speculator:
         cold_tokens: a stage shard with fewer tokens than this is not drafted
             from while a pipeline tree exists.
         max_shard_tokens: optional FIFO token budget per tree.
+        lead_tokens: learn each response behind this many of its prompt's
+            last tokens (0: the response alone).
 
     Not thread-safe: use one Speculator from one thread (or lock around it).
     """
@@ -80,11 +97,14 @@ class Speculator:
         local_tree: bool = True,
         cold_tokens: int = 256,
         max_shard_tokens: int | None = None,
+        lead_tokens: int = 8,
     ) -> None:
         """Create an empty speculator (see the class docstring for the arguments)."""
         check_max_depth(max_depth)
         if cold_tokens < 0:
             raise InvalidArgumentError(f"cold_tokens must be >= 0, not {cold_tokens}")
+        if not 0 <= lead_tokens <= max_depth:
+            raise InvalidArgumentError(f"lead_tokens must be in [0, max_depth], not {lead_tokens}")
         if max_shard_tokens is not None and max_shard_tokens < 0:
             raise InvalidArgumentError(f"max_shard_tokens must be >= 0, not {max_shard_tokens}")
         self._max_depth = max_depth
@@ -94,6 +114,7 @@ class Speculator:
         self._local_tree = local_tree
         self._cold_tokens = cold_tokens
         self._max_tokens = max_shard_tokens
+        self._lead_tokens = lead_tokens
         self._stages: dict[ShardKey, _Shard] = {}
         self._pipelines: dict[str | None, _Shard] = {}
         self._requests: dict[Hashable, _Request] = {}
@@ -120,7 +141,7 @@ class Speculator:
         if req_id in self._requests:
             raise InvalidArgumentError(f"request {req_id!r} is already active")
         cursor = Cursor(self._max_depth, local_tree=self._local_tree, prompt=prompt)
-        self._requests[req_id] = _Request(cursor, (pipeline, stage))
+        self._requests[req_id] = _Request(cursor, (pipeline, stage), lead=self._lead(prompt))
 
     def extend(self, req_id: Hashable, tokens: TokenArray) -> None:
         """Append generated (accepted) tokens to a request's context."""
@@ -156,12 +177,39 @@ class Speculator:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
         req.cursor.close()
         if learn and len(req.response) > 0:
-            self.add_response(req.response, stage=req.key[1], pipeline=req.key[0])
+            seq = req.response if req.lead is None else req.lead + req.response
+            self._add(seq, (req.key[0], req.key[1]))
 
     def add_response(
-        self, tokens: TokenArray, *, stage: str | None = None, pipeline: str | None = None
+        self,
+        tokens: TokenArray,
+        *,
+        stage: str | None = None,
+        pipeline: str | None = None,
+        prompt: TokenArray | None = None,
     ) -> None:
-        """Learn one response into its shards (also the offline warm-up path)."""
+        """Learn one response into its shards (also the offline warm-up path).
+
+        With ``prompt``, the response is learned behind the prompt's last
+        ``lead_tokens`` tokens, as `finish` does.
+        """
+        lead = self._lead(prompt) if prompt is not None else None
+        if lead is None:
+            self._add(tokens, (pipeline, stage))
+        else:
+            self._add(lead + _int32_array(tokens), (pipeline, stage))
+
+    def _lead(self, prompt: TokenArray) -> array.array[int] | None:
+        """The last ``lead_tokens`` tokens of a prompt (None when there are none)."""
+        if self._lead_tokens == 0:
+            return None
+        lead = _int32_array(prompt)
+        del lead[: max(0, len(lead) - self._lead_tokens)]
+        return lead if len(lead) else None
+
+    def _add(self, tokens: TokenArray, key: ShardKey) -> None:
+        """Learn one sequence into the shards of ``key``."""
+        pipeline, stage = key
         _, n, keep = as_int32_buffer(tokens)
         seq = self._next_seq
         self._next_seq += 1

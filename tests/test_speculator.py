@@ -132,3 +132,42 @@ def test_per_request_tree_drafts_from_own_prompt() -> None:
         draft, role = spec.draft_source("a")
         assert role == "local"
         assert draft.token_ids[:2] == [7, 8]
+
+
+def test_response_is_learned_behind_the_prompt_lead() -> None:
+    """`finish` and `add_response(prompt=)` prepend the prompt's last `lead_tokens` tokens."""
+    with Speculator(16, lead_tokens=3) as spec:
+        run(spec, "a", [1, 2, 3, 4, 5], SQL, "SQL")
+        spec.add_response(JSON, stage="SQL", pipeline="p", prompt=[9])
+        spec.add_response(JSON, stage="SQL", pipeline="p")
+        tree = spec.shard("SQL", "p")
+        assert tree is not None
+        assert [tree.sequence(i) for i in tree.sequence_ids()] == [
+            [3, 4, 5, *SQL],
+            [9, *JSON],
+            JSON,
+        ]
+    with Speculator(16, lead_tokens=0) as spec:
+        run(spec, "a", [1, 2, 3], SQL, "SQL")
+        tree = spec.shard("SQL", "p")
+        assert tree is not None
+        assert tree.sequence(tree.sequence_ids()[0]) == SQL
+
+
+def test_first_draft_comes_from_how_responses_start() -> None:
+    """Before generating anything, a request drafts the opening its stage's responses share."""
+    lead = [7, 8]  # e.g. "<|im_start|>assistant\n"
+    for lead_tokens, expected in ((2, SQL[:4]), (0, [])):
+        with Speculator(16, lead_tokens=lead_tokens, local_tree=False, params=PARAMS) as spec:
+            for i in range(3):
+                run(spec, i, [100 + i, *lead], SQL, "SQL")
+            spec.start_request("new", [200, *lead], stage="SQL", pipeline="p")
+            assert list(spec.draft("new").token_ids[:4]) == expected
+
+
+def test_lead_tokens_is_checked() -> None:
+    """`lead_tokens` must be in [0, max_depth]."""
+    with pytest.raises(InvalidArgumentError, match="lead_tokens"):
+        Speculator(16, lead_tokens=17)
+    with pytest.raises(InvalidArgumentError, match="lead_tokens"):
+        Speculator(16, lead_tokens=-1)

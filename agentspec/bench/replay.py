@@ -332,7 +332,9 @@ class SpeculatorMethod(Method):
     def warmup(self, responses: Sequence[Request]) -> None:
         """Learn each response into its shards (`Speculator.add_response`)."""
         for r in responses:
-            self._spec.add_response(r.response, stage=r.stage, pipeline=r.workload)
+            self._spec.add_response(
+                r.response, stage=r.stage, pipeline=r.workload, prompt=r.prompt()
+            )
             self._keys.add((r.workload, r.stage))
 
     def start(self, rid: int, req: Request, prompt: Tokens) -> int:
