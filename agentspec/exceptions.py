@@ -18,7 +18,12 @@ class also derives from the builtin exception a Python user would expect, so
     │   └── DepthMismatchError                shard max_depth != tree max_depth
     ├── NativeMemoryError (MemoryError)       the C allocator failed
     ├── ThreadStartError (RuntimeError)       a worker thread did not start
-    └── TreeClosedError (ValueError)          use of a closed tree or cursor
+    ├── TreeClosedError (ValueError)          use of a closed tree or cursor
+    ├── ShardNotFoundError (KeyError)         a ShardStore has no shard with that key
+    ├── StoreLockedError (RuntimeError)       another ShardStore holds the directory
+    └── StoreCorruptError (ValueError)        persisted shard data is damaged
+
+`agentspec.PushError` (an AgentSpecError) reports a failed push to a worker.
 
 For an error reported by the C engine, ``args[0]`` is the engine's own message
 (``as_strerror``); a second argument, when present, says which input was at
@@ -39,8 +44,11 @@ __all__ = [
     "SequenceNotFoundError",
     "ShardChecksumError",
     "ShardFormatError",
+    "ShardNotFoundError",
     "ShardTruncatedError",
     "ShardVersionError",
+    "StoreCorruptError",
+    "StoreLockedError",
     "ThreadStartError",
     "TreeClosedError",
 ]
@@ -117,3 +125,15 @@ class ThreadStartError(AgentSpecError, RuntimeError):
 
 class TreeClosedError(AgentSpecError, ValueError):
     """The tree, cursor or cache was used after ``close()``."""
+
+
+class ShardNotFoundError(AgentSpecError, KeyError):
+    """The store has no shard with that key."""
+
+
+class StoreLockedError(AgentSpecError, RuntimeError):
+    """Another `ShardStore` (in this or another process) holds the directory's lock."""
+
+
+class StoreCorruptError(AgentSpecError, ValueError):
+    """Persisted shard data is damaged (not merely an unacknowledged torn tail)."""

@@ -1,0 +1,272 @@
+"""The append-only journal of a shard: record framing, a writer and a reader.
+
+Every change of a persisted shard is appended to its ``journal.log`` before
+`ShardStore.learn` returns.  A record is::
+
+    magic u32 | kind u8 | len u32 | crc32 u32 | payload (len bytes)
+
+little-endian, the CRC-32 covering ``kind``, ``len`` and the payload.  Kinds:
+
+- ``ADD``: seq id (i64, as 8 bytes) then the tokens as int32 (at least one);
+- ``REMOVE``: seq id (i64).
+
+Records are written with one ``write`` each (a failed write is cut off
+again), so after a crash only the *tail* can be incomplete: a partial or
+bad-CRC record followed by nothing valid was never acknowledged and is
+truncated on recovery.  A bad record followed by a valid one is corruption
+(`StoreCorruptError`): the file was damaged after it was written.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentspec.exceptions import StoreCorruptError
+
+__all__ = [
+    "ADD",
+    "REMOVE",
+    "JournalRecord",
+    "JournalWriter",
+    "ParsedJournal",
+    "StoreCorruptError",
+    "encode_add",
+    "encode_remove",
+    "int32_le",
+    "parse_journal",
+    "read_journal",
+]
+
+MAGIC = 0x4C4A5341  # b"ASJL" little-endian
+ADD = 1
+REMOVE = 2
+
+_HEADER = struct.Struct("<IBII")  # magic, kind, len, crc32
+_KIND_LEN = struct.Struct("<BI")
+_SEQ = struct.Struct("<q")
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+#: Largest payload a record may declare (a longer one is treated as damage).
+MAX_PAYLOAD = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """One decoded record.
+
+    Attributes:
+        kind: `ADD` or `REMOVE`.
+        seq_id: the sequence id.
+        tokens: the int32 tokens of an ADD (raw little-endian bytes), else b"".
+        end: offset just past this record in the file.
+    """
+
+    kind: int
+    seq_id: int
+    tokens: bytes
+    end: int
+
+    def token_list(self) -> list[int]:
+        """The tokens of an ADD record as ints."""
+        return list(struct.unpack(f"<{len(self.tokens) // 4}i", self.tokens))
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    """Frame a payload: header with magic, kind, length and CRC, then the payload."""
+    crc = zlib.crc32(payload, zlib.crc32(_KIND_LEN.pack(kind, len(payload))))
+    return _HEADER.pack(MAGIC, kind, len(payload), crc) + payload
+
+
+def encode_add(seq_id: int, tokens_le: bytes) -> bytes:
+    """An ADD record for ``seq_id`` with little-endian int32 token bytes."""
+    if not tokens_le or len(tokens_le) % 4:
+        raise ValueError("an ADD record needs a non-empty whole number of int32 tokens")
+    return _frame(ADD, _SEQ.pack(seq_id) + tokens_le)
+
+
+def encode_remove(seq_id: int) -> bytes:
+    """A REMOVE record for ``seq_id``."""
+    return _frame(REMOVE, _SEQ.pack(seq_id))
+
+
+def int32_le(tokens: memoryview | bytes) -> bytes:
+    """Little-endian bytes of a native int32 buffer."""
+    data = bytes(tokens)
+    if sys.byteorder == "little":
+        return data
+    n = len(data) // 4
+    return struct.pack(f"<{n}i", *struct.unpack(f"={n}i", data))
+
+
+def _decode_at(data: bytes, off: int) -> JournalRecord | None:
+    """The record starting at ``off``, or None when it is incomplete or invalid."""
+    if len(data) - off < _HEADER.size:
+        return None
+    magic, kind, length, crc = _HEADER.unpack_from(data, off)
+    if magic != MAGIC or length > MAX_PAYLOAD:
+        return None
+    if kind == ADD:
+        if length < _SEQ.size + 4 or (length - _SEQ.size) % 4:
+            return None
+    elif kind != REMOVE or length != _SEQ.size:
+        return None
+    start = off + _HEADER.size
+    end = start + length
+    if end > len(data):
+        return None
+    payload = data[start:end]
+    if zlib.crc32(payload, zlib.crc32(_KIND_LEN.pack(kind, length))) != crc:
+        return None
+    (seq_id,) = _SEQ.unpack_from(payload)
+    return JournalRecord(kind, seq_id, payload[_SEQ.size :], end)
+
+
+def _valid_record_after(data: bytes, off: int) -> int | None:
+    """Offset of a valid record starting after ``off``, or None."""
+    pos = data.find(_MAGIC_BYTES, off + 1)
+    while pos >= 0:
+        if _decode_at(data, pos) is not None:
+            return pos
+        pos = data.find(_MAGIC_BYTES, pos + 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedJournal:
+    """The valid records of a journal and where its valid part ends.
+
+    Attributes:
+        records: the records, in file order.
+        good_size: bytes of valid records; anything after was a torn tail.
+        file_size: size of the bytes parsed.
+    """
+
+    records: list[JournalRecord]
+    good_size: int
+    file_size: int
+
+    @property
+    def torn(self) -> bool:
+        """Whether a torn tail follows the valid records."""
+        return self.good_size < self.file_size
+
+
+def parse_journal(data: bytes, name: str = "journal") -> ParsedJournal:
+    """Decode journal bytes.
+
+    Raises:
+        StoreCorruptError: an invalid record is followed by a valid one.
+    """
+    records: list[JournalRecord] = []
+    off = 0
+    while off < len(data):
+        rec = _decode_at(data, off)
+        if rec is None:
+            later = _valid_record_after(data, off)
+            if later is not None:
+                raise StoreCorruptError(
+                    f"{name}: damaged record at offset {off} followed by a valid record "
+                    f"at offset {later}"
+                )
+            break
+        records.append(rec)
+        off = rec.end
+    return ParsedJournal(records, off, len(data))
+
+
+def read_journal(path: Path) -> ParsedJournal:
+    """Read and decode a journal file (a missing file is an empty journal).
+
+    Raises:
+        StoreCorruptError: damage in the middle of the file.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    return parse_journal(data, str(path))
+
+
+class JournalWriter:
+    """Appends records to a journal file opened with O_APPEND (mode 0600).
+
+    The writer tracks the file's size, the CRC-32 of its whole content and
+    its record count; a failed append is cut off again so the file never
+    holds a partial record in its middle.  Not thread-safe: the store
+    serialises calls.
+    """
+
+    def __init__(self, path: Path, *, size: int, crc: int, count: int, fsync: bool) -> None:
+        """A writer for ``path``; ``size``/``crc``/``count`` describe its valid content.
+
+        The file is opened (created if missing) at the first write, so an
+        error to open it surfaces from `append` or `reset`.
+        """
+        self.path = path
+        self.size = size
+        self.crc = crc
+        self.count = count
+        self._fsync = fsync
+        self._broken: OSError | None = None
+        self._closed = False
+        self._fd: int | None = None
+
+    def _live_fd(self) -> int:
+        """The open descriptor (opened on first use), refusing a closed or broken writer."""
+        if self._closed:
+            raise OSError(f"journal {self.path} is closed")
+        if self._broken is not None:
+            raise OSError(f"journal {self.path} failed earlier: {self._broken}")
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return self._fd
+
+    def append(self, records: bytes, n_records: int, *, sync: bool = True) -> None:
+        """Append encoded records with one write; fsync if enabled and ``sync``.
+
+        On failure the file is truncated back to its previous size and the
+        error is raised: nothing of the records counts as written.
+        """
+        fd = self._live_fd()
+        try:
+            view = memoryview(records)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if sync and self._fsync:
+                os.fdatasync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, self.size)
+            except OSError as e:  # cannot restore a clean tail: refuse further appends
+                self._broken = e
+            raise
+        self.size += len(records)
+        self.crc = zlib.crc32(records, self.crc)
+        self.count += n_records
+
+    def sync(self) -> None:
+        """fsync the file (when fsync is enabled and it was written)."""
+        if self._fsync and self._fd is not None:
+            os.fdatasync(self._live_fd())
+
+    def reset(self) -> None:
+        """Empty the journal (after its content went into a durable snapshot)."""
+        fd = self._live_fd()
+        os.ftruncate(fd, 0)
+        if self._fsync:
+            os.fsync(fd)
+        self.size = 0
+        self.crc = 0
+        self.count = 0
+
+    def close(self) -> None:
+        """Close the file (closing twice is allowed)."""
+        self._closed = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
