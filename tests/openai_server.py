@@ -1,0 +1,311 @@
+"""A small OpenAI-compatible HTTP server for tests and benchmarks (stdlib only).
+
+`OpenAIServer` serves ``POST /v1/chat/completions``, ``/v1/completions`` and
+``/v1/responses`` on 127.0.0.1 (a random port), streamed (SSE) or not, and
+records every request (path, headers, JSON body) in `requests`.
+
+Replies are deterministic: the reply text of a call is `reply_text` of the
+prompt (its last user text) and the choice index, and its "token ids" are the
+text's code points (`token_ids`).  Like vLLM, a chat / completions request
+with ``"return_token_ids": true`` gets ``token_ids`` in every choice (streamed:
+each chunk's ids) and ``prompt_token_ids``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["OpenAIServer", "RecordedRequest", "reply_text", "token_ids"]
+
+_PIECE = 4  # characters per streamed chunk
+
+
+def reply_text(prompt: str, choice: int = 0) -> str:
+    """The reply the server gives to ``prompt`` for choice ``choice``."""
+    return f"answer to [{prompt}] choice {choice}: SELECT name FROM users WHERE id = {choice};"
+
+
+def token_ids(text: str) -> list[int]:
+    """The server's "token ids" of ``text``: its code points."""
+    return [ord(c) for c in text]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the server received; header names are lower case."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _prompt_of(path: str, body: dict[str, Any]) -> str:
+    """The last user text of a request (the whole prompt for completions)."""
+    if path.endswith("/chat/completions"):
+        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        return _text_of(users[-1].get("content")) if users else ""
+    if path.endswith("/completions"):
+        prompt = body.get("prompt", "")
+        return prompt if isinstance(prompt, str) else json.dumps(prompt)
+    items = body.get("input", "")
+    if isinstance(items, str):
+        return items
+    users = [i for i in items if isinstance(i, dict) and i.get("role") == "user"]
+    return _text_of(users[-1].get("content")) if users else ""
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + _PIECE] for i in range(0, len(text), _PIECE)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls between header and body
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the per-request log lines."""
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            body = None
+        self.server.owner._record(
+            RecordedRequest(
+                "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body
+            )
+        )
+        path = self.path.split("?", 1)[0]
+        if not isinstance(body, dict):
+            self._json(400, {"error": {"message": "body must be a JSON object", "type": "bad"}})
+            return
+        if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+            self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+            return
+        prompt = _prompt_of(path, body)
+        n = body.get("n") or 1
+        ids = bool(body.get("return_token_ids"))
+        if path == "/v1/responses":
+            if body.get("stream"):
+                self._responses_stream(body, prompt)
+            else:
+                self._json(200, _response_obj(body, reply_text(prompt)))
+            return
+        chat = path == "/v1/chat/completions"
+        if body.get("stream"):
+            self._chat_stream(body, prompt, n, ids, chat)
+            return
+        choices = []
+        for i in range(n):
+            text = reply_text(prompt, i)
+            if chat:
+                ch: dict[str, Any] = {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            else:
+                ch = {"index": i, "text": text, "finish_reason": "stop", "logprobs": None}
+            if ids:
+                ch["token_ids"] = token_ids(text)
+            choices.append(ch)
+        obj: dict[str, Any] = {
+            "id": "cmpl-test",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", "test"),
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1},
+        }
+        if ids:
+            obj["prompt_token_ids"] = token_ids(prompt)
+        self._json(200, obj)
+
+    # -- answers
+
+    def _json(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _sse(self, obj: Any, event: str | None = None) -> None:
+        head = f"event: {event}\n" if event else ""
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self.wfile.write(f"{head}data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def _chat_stream(
+        self, body: dict[str, Any], prompt: str, n: int, ids: bool, chat: bool
+    ) -> None:
+        self._sse_start()
+        base = {
+            "id": "cmpl-test",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", "test"),
+        }
+        for i in range(n):
+            for k, piece in enumerate(_pieces(reply_text(prompt, i))):
+                if chat:
+                    delta: dict[str, Any] = {"content": piece}
+                    if k == 0:
+                        delta["role"] = "assistant"
+                    ch: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
+                else:
+                    ch = {"index": i, "text": piece, "finish_reason": None}
+                if ids:
+                    ch["token_ids"] = token_ids(piece)
+                chunk = {**base, "choices": [ch]}
+                if ids and k == 0 and i == 0:
+                    chunk["prompt_token_ids"] = token_ids(prompt)
+                self._sse(chunk)
+            end: dict[str, Any] = (
+                {"index": i, "delta": {}, "finish_reason": "stop"}
+                if chat
+                else {"index": i, "text": "", "finish_reason": "stop"}
+            )
+            self._sse({**base, "choices": [end]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            self._sse({**base, "choices": [], "usage": usage})
+        self._sse("[DONE]")
+
+    def _responses_stream(self, body: dict[str, Any], prompt: str) -> None:
+        self._sse_start()
+        text = reply_text(prompt)
+        partial = _response_obj(body, "")
+        partial["status"] = "in_progress"
+        partial["output"] = []
+        events: list[dict[str, Any]] = [{"type": "response.created", "response": partial}]
+        for piece in _pieces(text):
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": "msg-test",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": piece,
+                    "logprobs": [],
+                }
+            )
+        events.append({"type": "response.completed", "response": _response_obj(body, text)})
+        for seq, ev in enumerate(events):
+            ev["sequence_number"] = seq
+            self._sse(ev, event=ev["type"])
+
+
+def _response_obj(body: dict[str, Any], text: str) -> dict[str, Any]:
+    """A Responses API response object with one output message."""
+    return {
+        "id": "resp-test",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": body.get("model", "test"),
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg-test",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: OpenAIServer
+
+
+class OpenAIServer:
+    """The test server; ``with OpenAIServer() as srv: OpenAI(base_url=srv.base_url, ...)``."""
+
+    def __init__(self) -> None:
+        """Bind to a random port on 127.0.0.1 (serving starts with `start`)."""
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self._lock = threading.Lock()
+        self._requests: list[RecordedRequest] = []
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1``."""
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The requests received so far, in arrival order (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    def clear(self) -> None:
+        """Forget the recorded requests."""
+        with self._lock:
+            self._requests.clear()
+
+    def _record(self, req: RecordedRequest) -> None:
+        with self._lock:
+            self._requests.append(req)
+
+    def start(self) -> OpenAIServer:
+        """Serve on a daemon thread."""
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(10)
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> OpenAIServer:
+        """Start and return the server."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the server."""
+        self.stop()
