@@ -14,17 +14,46 @@ Main entry points:
 - `Speculator`: stage shards (one tree per pipeline stage) plus per-request
   trees, learned online from finished responses.
 - `agentspec.compat.SuffixDecodingCache`: drop-in for arctic-inference's API.
+- `AgentSpecClient` / `AsyncAgentSpecClient`: drop-ins for ``openai.OpenAI`` /
+  ``AsyncOpenAI`` that tag calls by session and stage (`stage`, `session`)
+  and learn every output into a `ShardStore`.
+- `ShardStore`: shards keyed by (tenant, pipeline, stage), persisted to a
+  directory (journal + snapshots); `ShardPusher` sends them to serving
+  workers, whose side of the protocol is `ShardIntake`.
 
 Errors are in `agentspec.exceptions`.
 """
 
 from importlib import metadata as _metadata
+import typing as _typing
 
 from agentspec import exceptions
 from agentspec._batch import BatchDrafter, draft_batch
 from agentspec._draft import Cursor, Draft, DraftParams
+from agentspec._intake import ShardIntake, serve_intake
+from agentspec._pusher import EndpointStatus, PushError, ShardPusher
+from agentspec._shardkey import ShardKey
 from agentspec._speculator import Speculator
+from agentspec._store import ShardStats, ShardStore
+from agentspec._tags import Tags, current_tags, session, stage
 from agentspec._tree import SuffixTree, TreeStats
+
+if _typing.TYPE_CHECKING:
+    from agentspec._client import AgentSpecClient, AsyncAgentSpecClient
+
+_LAZY = {"AgentSpecClient", "AsyncAgentSpecClient"}  # import openai only when used
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """Load the openai-backed clients on first use."""
+    if name in _LAZY:
+        from agentspec import _client
+
+        value = getattr(_client, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentspec' has no attribute {name!r}")
+
 
 try:
     __version__: str = _metadata.version("agentspec")
@@ -32,14 +61,28 @@ except _metadata.PackageNotFoundError:  # running from a source tree without ins
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AgentSpecClient",
+    "AsyncAgentSpecClient",
     "BatchDrafter",
     "Cursor",
     "Draft",
     "DraftParams",
+    "EndpointStatus",
+    "PushError",
+    "ShardIntake",
+    "ShardKey",
+    "ShardPusher",
+    "ShardStats",
+    "ShardStore",
     "Speculator",
     "SuffixTree",
+    "Tags",
     "TreeStats",
     "__version__",
+    "current_tags",
     "draft_batch",
     "exceptions",
+    "serve_intake",
+    "session",
+    "stage",
 ]

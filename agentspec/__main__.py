@@ -5,7 +5,11 @@ Subcommands:
 - ``agentspec bench replay TRACES...``: replay traces through a simulated
   greedy verifier for several drafting methods (`agentspec.bench.replay`);
 - ``agentspec bench entropy TRACES...``: the per-stage entropy predictor
-  (`agentspec.bench.entropy`).
+  (`agentspec.bench.entropy`);
+- ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
+  and maintain a client shard store (`agentspec.cli_shards`);
+- ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
+  serving workers, compare them with the workers' copies (`agentspec.cli_push`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
+    from agentspec import cli_push, cli_shards
     from agentspec.bench import entropy, replay
 
     parser = argparse.ArgumentParser(
@@ -51,6 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     entropy.add_arguments(ep)
     ep.set_defaults(func=entropy.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
+    shards = sub.add_parser(
+        "shards",
+        help="inspect and maintain a client shard store directory",
+        description=(cli_shards.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ssub = cli_shards.add_arguments(shards)
+    pp = ssub.add_parser(
+        "push",
+        help="push every shard to serving workers once",
+        description="Push every shard of the store to each worker endpoint and wait for them.",
+    )
+    cli_push.add_push_arguments(pp)
+    pp.set_defaults(func=cli_push.run_push)
+    st = ssub.add_parser(
+        "status",
+        help="compare the store's shards with the workers' copies",
+        description="Compare each local shard with each worker's copy (in sync / behind).",
+    )
+    cli_push.add_status_arguments(st)
+    st.set_defaults(func=cli_push.run_status)
+    shards.set_defaults(func=None, _help=shards.print_help)
     parser.set_defaults(func=None, _help=parser.print_help)
     return parser
 
