@@ -24,8 +24,8 @@ Main entry points:
 Errors are in `agentspec.exceptions`.
 """
 
-from importlib import metadata as _metadata
 import typing as _typing
+from importlib import metadata as _metadata
 
 from agentspec import exceptions
 from agentspec._batch import BatchDrafter, draft_batch

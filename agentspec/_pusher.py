@@ -407,6 +407,7 @@ class ShardPusher:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread (pending changes stay in the store; `flush` first to send them)."""
         self._closed.set()
+        self._store.remove_listener(self._on_store_change)
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -9,6 +9,7 @@ describes the layout and the recovery rules).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -441,6 +442,11 @@ class ShardStore:
             raise TypeError("a listener must be callable")
         with self._lock:
             self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        """Stop calling ``fn`` (a listener never added is ignored)."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(fn)
 
     # --- closing ------------------------------------------------------------------
 

@@ -598,3 +598,18 @@ def test_lock_timeout_waits_for_the_holder(tmp_path):
         timer.cancel()
         timer.join(timeout=10)
         first.close()
+
+
+def test_remove_listener_stops_notifications():
+    with ShardStore() as st:
+        seen = []
+
+        def listener(key, version):
+            seen.append(version)
+
+        st.add_listener(listener)
+        st.learn(A, [1, 2])
+        st.remove_listener(listener)
+        st.remove_listener(listener)  # a second removal is ignored
+        st.learn(A, [3])
+        assert len(seen) == 1
