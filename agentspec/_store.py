@@ -138,7 +138,7 @@ class ShardStore:
         self._root: Path | None = None
         self._dirlock: DirLock | None = None
         if path is not None:
-            self._root = Path(os.fspath(path))
+            self._root = Path(os.fspath(path)).expanduser()
             self._open_dir(float(lock_timeout))
 
     # --- opening ------------------------------------------------------------------
