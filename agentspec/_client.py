@@ -92,6 +92,7 @@ class _Core:
         queue_size: int,
         push_to: str | Sequence[str] | None,
         push_api_key: str | None,
+        lead_tokens: int,
     ) -> None:
         self.tenant = check_tag(tenant, "tenant")
         self.return_token_ids = bool(return_token_ids)
@@ -105,7 +106,12 @@ class _Core:
         self.store = store
         trace = TraceSessions(trace_path) if trace_path is not None else None
         self.recorder = Recorder(
-            store, tenant=self.tenant, encoder=encoder, trace=trace, queue_size=queue_size
+            store,
+            tenant=self.tenant,
+            encoder=encoder,
+            trace=trace,
+            queue_size=queue_size,
+            lead_tokens=lead_tokens,
         )
         self.pusher: ShardPusher | None = None
         if push_to is not None:
@@ -505,8 +511,10 @@ def _core_kwargs(
     queue_size: int,
     push_to: str | Sequence[str] | None,
     push_api_key: str | None,
+    lead_tokens: int,
 ) -> dict[str, Any]:
     return {
+        "lead_tokens": lead_tokens,
         "push_to": push_to,
         "push_api_key": push_api_key,
         "store": store,
@@ -540,7 +548,10 @@ class AgentSpecClient(_Base):
       refuse unknown body fields; the headers are still sent);
     - ``queue_size``: the recorder's queue bound (calls; more are dropped);
     - ``push_to`` / ``push_api_key``: worker URLs to push the store's shards
-      to (a `ShardPusher` on its own thread, closed with the client).
+      to (a `ShardPusher` on its own thread, closed with the client);
+    - ``lead_tokens``: when the server returns the prompt's token ids too
+      (vLLM ``prompt_token_ids``), learn each output behind the prompt's last
+      ``lead_tokens`` ids, as `agentspec.Speculator` does (0: output only).
 
     See the module docstring for what is tagged and learned.
     """
@@ -558,6 +569,7 @@ class AgentSpecClient(_Base):
         queue_size: int = 1024,
         push_to: str | Sequence[str] | None = None,
         push_api_key: str | None = None,
+        lead_tokens: int = 8,
         **openai_kwargs: Any,
     ) -> None:
         """Build or wrap the openai client; see the class docstring."""
@@ -576,6 +588,7 @@ class AgentSpecClient(_Base):
                 queue_size,
                 push_to,
                 push_api_key,
+                lead_tokens,
             ),
         )
 
@@ -626,6 +639,7 @@ class AsyncAgentSpecClient(_Base):
         queue_size: int = 1024,
         push_to: str | Sequence[str] | None = None,
         push_api_key: str | None = None,
+        lead_tokens: int = 8,
         **openai_kwargs: Any,
     ) -> None:
         """Build or wrap the openai client; see the class docstring."""
@@ -644,6 +658,7 @@ class AsyncAgentSpecClient(_Base):
                 queue_size,
                 push_to,
                 push_api_key,
+                lead_tokens,
             ),
         )
 

@@ -246,6 +246,26 @@ def _stream_outputs(api: Api, chunks: Sequence[Any]) -> list[Output]:
     return out
 
 
+def extract_prompt_ids(result: Any, streamed: bool) -> list[int] | None:
+    """The prompt's token ids when the server returned them (vLLM ``return_token_ids``).
+
+    vLLM puts ``prompt_token_ids`` at the top of a chat completion (first
+    chunk of a stream) and in each choice of a text completion.
+    """
+    for raw in result if streamed else (result,):
+        try:
+            obj = as_json(raw)
+        except TypeError:
+            return None
+        ids = _token_list(obj.get("prompt_token_ids"))
+        if ids is None:
+            choices = obj.get("choices") or ()
+            ids = _token_list(choices[0].get("prompt_token_ids")) if choices else None
+        if ids is not None:
+            return ids
+    return None
+
+
 def extract_outputs(api: Api, result: Any, streamed: bool) -> list[Output]:
     """The per-choice outputs of a finished call (``result``: response or chunk list)."""
     if streamed:
@@ -324,10 +344,14 @@ class Recorder:
         encoder: Encoder | None = None,
         trace: TraceSessions | None = None,
         queue_size: int = 1024,
+        lead_tokens: int = 8,
     ) -> None:
         """Learn into ``store`` under ``tenant``; see the class docstring."""
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise InvalidArgumentError(f"queue_size must be an int >= 1, got {queue_size!r}")
+        if isinstance(lead_tokens, bool) or not isinstance(lead_tokens, int) or lead_tokens < 0:
+            raise InvalidArgumentError(f"lead_tokens must be an int >= 0, got {lead_tokens!r}")
+        self._lead_tokens = lead_tokens
         self.store = store
         self.tenant = tenant
         self.trace = trace
@@ -481,8 +505,15 @@ class Recorder:
         tags = item.tags
         outputs = extract_outputs(item.api, item.result, item.streamed)
         key = (self.tenant, tags.pipeline, tags.stage)
+        lead: list[int] = []
+        if self._lead_tokens:
+            prompt_ids = extract_prompt_ids(item.result, item.streamed)
+            if prompt_ids:
+                lead = prompt_ids[-self._lead_tokens :]
         for out in outputs:
             ids = out.token_ids
+            if ids and lead:  # the server's own ids: put the prompt's lead in front
+                ids = lead + ids
             if ids is None and self._encoder is not None and out.text:
                 ids = list(self._encoder(out.text))
             if ids:

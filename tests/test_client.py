@@ -63,12 +63,14 @@ def qwen():
 
 
 def make_client(server, store, **kw):
+    kw.setdefault("lead_tokens", 0)  # outputs alone; test_prompt_lead_* cover the lead
     return AgentSpecClient(
         base_url=server.base_url, api_key="test", max_retries=0, timeout=10, store=store, **kw
     )
 
 
 def make_async_client(server, store, **kw):
+    kw.setdefault("lead_tokens", 0)
     return AsyncAgentSpecClient(
         base_url=server.base_url, api_key="test", max_retries=0, timeout=10, store=store, **kw
     )
@@ -511,7 +513,10 @@ def test_client_owns_a_default_store(server):
     with client:
         client.chat.completions.create(**call_args("chat", "own"), stage="O")
         assert client.flush(10)
-        assert learned(client.store, ("default", None, "O")) == [token_ids(reply_text("own"))]
+        # default lead_tokens=8: the prompt's last 8 ids (here all of them) come first
+        assert learned(client.store, ("default", None, "O")) == [
+            token_ids("own")[-8:] + token_ids(reply_text("own"))
+        ]
 
 
 def test_push_to_mirrors_learned_shards_to_a_worker(server, store):
@@ -726,3 +731,31 @@ def test_request_messages_maps_roles_tools_and_parts():
     assert request_messages("completions", {"prompt": ["p0", "p1"], "n": 2}, choice=3) == [
         Message("user", "p1")
     ]
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_lead_is_learned_before_server_token_ids(server, store, api, stream):
+    """With the server's prompt ids, the output is learned behind the prompt's last ids."""
+    prompt = "a prompt long enough for a lead"
+    with make_client(server, store, return_token_ids=True, lead_tokens=3) as client:
+        result = resource(client, api).create(**call_args(api, prompt), stream=stream)
+        if stream:
+            list(result)
+        assert client.flush(10)
+    assert learned(store, ("default", None, None)) == [
+        token_ids(prompt)[-3:] + token_ids(reply_text(prompt))
+    ]
+
+
+def test_prompt_lead_needs_server_ids(server, store):
+    """Tokenizer-fallback outputs are learned alone (the prompt ids are unknown)."""
+    with make_client(server, store, tokenizer=token_ids, lead_tokens=3) as client:
+        client.chat.completions.create(**call_args("chat", "q"))
+        assert client.flush(10)
+    assert learned(store, ("default", None, None)) == [token_ids(reply_text("q"))]
+
+
+def test_lead_tokens_is_checked(server, store):
+    with pytest.raises(InvalidArgumentError, match="lead_tokens"):
+        make_client(server, store, lead_tokens=-1)
