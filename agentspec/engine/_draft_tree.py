@@ -1,0 +1,145 @@
+"""Draft trees as the verifier sees them: tokens, parents, depths, ancestor sets."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from agentspec.exceptions import InvalidArgumentError, InvalidTokenError
+
+__all__ = ["DraftLike", "DraftTree", "as_draft_tree"]
+
+
+@runtime_checkable
+class DraftLike(Protocol):
+    """Anything with ``token_ids`` and ``parents`` (e.g. `agentspec.Draft`)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        """The drafted tokens."""
+
+    @property
+    def parents(self) -> Sequence[int] | None:
+        """Each token's parent index (-1: the context), or None for a chain."""
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A validated draft: ``tokens[i]`` follows ``tokens[parents[i]]`` (-1: the context).
+
+    Every parent index is smaller than its child's index, so the nodes are in
+    topological order.  ``depths[i]`` is 1 for a root node, and a chain has
+    ``parents == [-1, 0, 1, ...]``.
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...] = field(init=False)
+    children: tuple[tuple[int, ...], ...] = field(init=False)  # [0] = roots, [1+i] = of node i
+
+    def __post_init__(self) -> None:
+        """Derive depths and children lists (parents are assumed validated)."""
+        depths: list[int] = []
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parents):
+            depths.append(1 if p < 0 else depths[p] + 1)
+            kids[p + 1].append(i)
+        object.__setattr__(self, "depths", tuple(depths))
+        object.__setattr__(self, "children", tuple(tuple(k) for k in kids))
+
+    def __len__(self) -> int:
+        """Number of draft nodes."""
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether the draft is a single chain ``[-1, 0, 1, ...]``."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def ancestors(self) -> np.ndarray:
+        """``(n, n)`` bool matrix: ``[i, j]`` is True when j is i or an ancestor of i."""
+        n = len(self.tokens)
+        anc = np.zeros((n, n), dtype=bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                anc[i] = anc[p]
+            anc[i, i] = True
+        return anc
+
+    def trimmed(self, max_depth: int, max_nodes: int | None = None) -> DraftTree:
+        """The nodes of depth <= ``max_depth`` among the first ``max_nodes``, re-indexed."""
+        limit = len(self.tokens) if max_nodes is None else min(max_nodes, len(self.tokens))
+        keep = [i for i in range(limit) if self.depths[i] <= max_depth]
+        if len(keep) == len(self.tokens):
+            return self
+        new_index = {old: new for new, old in enumerate(keep)}
+        # A kept node's ancestors are kept too: they have smaller indices and depths.
+        parents = tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in keep)
+        return DraftTree(tuple(self.tokens[i] for i in keep), parents)
+
+
+_EMPTY = DraftTree((), ())
+
+
+def _int_list(name: str, values: Any) -> list[int]:
+    """``values`` as a list of Python ints, or TypeError."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints") from None
+
+
+def as_draft_tree(
+    draft: DraftTree
+    | DraftLike
+    | tuple[Sequence[int], Sequence[int] | None]
+    | Sequence[int]
+    | None,
+    vocab_size: int | None = None,
+) -> DraftTree:
+    """Normalise a draft to a validated `DraftTree`.
+
+    Accepts None (no draft), a `DraftTree` (returned as is), a `DraftLike`
+    (``token_ids`` + ``parents``, with ``parents=None`` meaning a chain), a
+    ``(token_ids, parents)`` pair, or a plain sequence of token ids (a chain).
+
+    Raises:
+        TypeError: not one of those shapes.
+        InvalidTokenError: a token outside ``[0, vocab_size)``.
+        InvalidArgumentError: parents of the wrong length, or a parent index
+            not in ``[-1, i)`` for node i.
+    """
+    if draft is None:
+        return _EMPTY
+    if isinstance(draft, DraftTree):
+        if vocab_size is not None and any(t >= vocab_size for t in draft.tokens):
+            raise InvalidTokenError(f"draft token outside [0, {vocab_size})")
+        return draft
+    if isinstance(draft, DraftLike):
+        tokens, parents = draft.token_ids, draft.parents
+    elif isinstance(draft, tuple) and len(draft) == 2 and not isinstance(draft[0], int):
+        tokens, parents = draft
+    else:
+        tokens, parents = draft, None
+    toks = _int_list("token_ids", tokens)
+    if not toks:
+        return _EMPTY
+    pars = list(range(-1, len(toks) - 1)) if parents is None else _int_list("parents", parents)
+    if len(pars) != len(toks):
+        raise InvalidArgumentError(
+            "parents must have one entry per draft token", f"{len(pars)} != {len(toks)}"
+        )
+    for i, p in enumerate(pars):
+        if not -1 <= p < i:
+            raise InvalidArgumentError("each parent must be -1 or an earlier node", f"node {i}")
+    hi = vocab_size if vocab_size is not None else 2**31
+    for i, t in enumerate(toks):
+        if not 0 <= t < hi:
+            raise InvalidTokenError(f"draft token {t} outside [0, {hi})", f"node {i}")
+    return DraftTree(tuple(toks), tuple(pars))

@@ -1,0 +1,268 @@
+"""Speculative verification on a transformers causal LM with a KV cache (CPU).
+
+State.  The verifier keeps a `transformers.DynamicCache` holding the KV of
+every committed token except the last one, the *pending* token (the last
+prompt token after `Verifier.prefill`, then each step's bonus token).
+
+Step.  `Verifier.step` runs one forward pass over ``[pending] + draft
+nodes``: the pending token sits at position ``L`` (the cache length), draft
+node i at ``L + depth(i)``, and a custom 4D additive mask lets every row see
+the whole cache, the pending token, and node i's own ancestors and itself
+(for a chain this is the ordinary causal mask).  Row 0's logits score the
+draft's roots, row ``1 + i``'s the children of node i.  Greedy acceptance
+walks from the root, at each step taking the child equal to the argmax; the
+argmax after the last accepted node is the bonus token (so every step
+yields at least one token, and with no draft it is plain greedy decoding).
+
+KV cache after a step.  The cache must hold the committed prefix, the
+pending token and the accepted path, in order.  For a chain (or a tree
+whose accepted nodes are its first nodes) the accepted entries are already
+in place and the rejected tail is cropped (``DynamicCache.crop(-k)``).
+Otherwise the accepted nodes' K/V entries are *re-indexed* into place: for
+each layer, the m accepted columns are copied over the slots right after
+the pending token, then the tail is cropped.  This is exact (every node's
+keys were computed at its true position with exactly its true context)
+and costs one gather of m columns per layer, not a second forward pass
+over the accepted tokens (the alternative: crop to the prefix and re-run
+them, about the cost of another decode step).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree
+from agentspec.engine._sampling import SamplingParams, accept_sampling, target_probs
+from agentspec.exceptions import InvalidArgumentError, InvalidTokenError
+
+__all__ = ["DraftInput", "Verifier"]
+
+DraftInput = (
+    DraftTree | DraftLike | tuple[Sequence[int], Sequence[int] | None] | Sequence[int] | None
+)
+"""What `Verifier.step` accepts as a draft (see `as_draft_tree`)."""
+
+
+def _import_torch() -> Any:
+    """The torch module, or an error naming the extra to install."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            'the embedded engine needs torch: pip install "agentspec[local]"'
+        ) from exc
+    return torch
+
+
+class Verifier:
+    """Verify drafts against a causal LM, one forward pass per step.
+
+    Args:
+        model: a transformers causal LM (``AutoModelForCausalLM``) whose
+            cache is a `DynamicCache` of plain (non-sliding) layers.
+        device: where input tensors go (the model must already be there).
+
+    Not thread-safe: one verifier serves one sequence at a time.
+    """
+
+    def __init__(self, model: Any, *, device: str = "cpu") -> None:
+        """Wrap ``model`` (put into eval mode); call `prefill` before `step`."""
+        self._torch = _import_torch()
+        from transformers import DynamicCache
+
+        self._cache_cls = DynamicCache
+        self.model = model.eval()
+        self.device = self._torch.device(device)
+        config = model.config
+        self.vocab_size: int = int(config.vocab_size)
+        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self._dtype = next(model.parameters()).dtype
+        self._cache: Any = None
+        self._tokens: list[int] = []  # committed tokens; the last one is pending
+        self.forward_passes = 0
+
+    # --- state -----------------------------------------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed context: prompt plus every emitted token (a copy)."""
+        return list(self._tokens)
+
+    @property
+    def cache_len(self) -> int:
+        """Tokens whose KV is in the cache (all committed tokens but the pending one)."""
+        return 0 if self._cache is None else int(self._cache.get_seq_length())
+
+    def room(self) -> int | None:
+        """How many draft nodes deep the next step may go (None: no position limit)."""
+        if self.max_positions is None:
+            return None
+        return self.max_positions - len(self._tokens)
+
+    # --- forward passes --------------------------------------------------------
+
+    def _check_tokens(self, ids: Sequence[int], name: str) -> list[int]:
+        """``ids`` as a list of ints in ``[0, vocab_size)``."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"{name} must be a sequence of ints")
+        try:
+            out = [operator.index(t) for t in ids]
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of ints") from None
+        for i, t in enumerate(out):
+            if not 0 <= t < self.vocab_size:
+                raise InvalidTokenError(f"{name} token {t} outside [0, {self.vocab_size})", i)
+        return out
+
+    def prefill(self, prompt_ids: Sequence[int]) -> Any:
+        """Start a sequence: run the prompt and return the last position's logits.
+
+        The returned logits (a float32 tensor of shape ``(vocab,)``) score the
+        first generated token.  The prompt's last token stays pending: the
+        first `step` recomputes it together with the first draft.
+
+        Raises:
+            InvalidArgumentError: empty prompt or longer than the model's context.
+            TypeError, InvalidTokenError: bad token ids.
+        """
+        ids = self._check_tokens(prompt_ids, "prompt")
+        if not ids:
+            raise InvalidArgumentError("the prompt must not be empty")
+        if self.max_positions is not None and len(ids) > self.max_positions:
+            raise InvalidArgumentError(
+                "prompt longer than the model's context", f"{len(ids)} > {self.max_positions}"
+            )
+        torch = self._torch
+        cache = self._cache_cls(config=self.model.config)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self.forward_passes += 1
+        cache.crop(-1)  # the last prompt token stays pending
+        self._cache = cache
+        self._tokens = ids
+        return out.logits[0, -1].float()
+
+    def _mask(self, tree: DraftTree, base: int) -> Any:
+        """The ``(1, 1, 1 + n, base + 1 + n)`` additive mask for a step."""
+        torch = self._torch
+        n = len(tree)
+        allowed = np.ones((1 + n, base + 1 + n), dtype=bool)
+        allowed[0, base + 1 :] = False
+        if n:
+            allowed[1:, base + 1 :] = tree.ancestors()
+        mask = torch.zeros((1 + n, base + 1 + n), dtype=self._dtype)
+        mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(self._dtype).min)
+        return mask.to(self.device)[None, None]
+
+    def forward_tree(self, tree: DraftTree) -> Any:
+        """One forward pass over ``[pending] + tree``; returns the ``(1 + n, vocab)`` logits.
+
+        The cache afterwards holds every row's KV; `commit` puts it back in
+        order.  Exposed for benchmarks and for callers that accept by
+        themselves.
+        """
+        if self._cache is None:
+            raise InvalidArgumentError("call prefill() before step()")
+        room = self.room()
+        if room is not None and tree.depths and max(tree.depths) > room:
+            raise InvalidArgumentError(
+                "draft deeper than the model's remaining context", f"room for {room} tokens"
+            )
+        torch = self._torch
+        base = self.cache_len
+        ids = [self._tokens[-1], *tree.tokens]
+        pos = [base, *(base + d for d in tree.depths)]
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([pos], device=self.device),
+                attention_mask=self._mask(tree, base),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self.forward_passes += 1
+        return out.logits[0].float()
+
+    def discard(self, tree: DraftTree) -> None:
+        """Undo `forward_tree` on ``tree``: drop its rows from the cache, commit nothing."""
+        self._cache.crop(-(1 + len(tree)))
+
+    def commit(self, tree: DraftTree, path: Sequence[int], token: int) -> list[int]:
+        """Keep the accepted ``path`` (node indices, root first) and make ``token`` pending.
+
+        Must follow `forward_tree` on the same ``tree``.  Returns the emitted
+        tokens: the path's tokens then ``token``.
+        """
+        n, m = len(tree), len(path)
+        base = self.cache_len - 1 - n  # cache length before the forward pass
+        if list(path) != list(range(m)):
+            src = self._torch.tensor([base + 1 + i for i in path], device=self.device)
+            dst = slice(base + 1, base + 1 + m)
+            with self._torch.inference_mode():
+                for layer in self._cache.layers:
+                    layer.keys[:, :, dst] = layer.keys[:, :, src]
+                    layer.values[:, :, dst] = layer.values[:, :, src]
+        if n > m:
+            self._cache.crop(m - n)
+        emitted = [tree.tokens[i] for i in path]
+        emitted.append(int(token))
+        self._tokens.extend(emitted)
+        return emitted
+
+    # --- steps -----------------------------------------------------------------
+
+    def step(
+        self,
+        draft: DraftInput = None,
+        *,
+        sampling: SamplingParams | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> list[int]:
+        """Verify one draft; return the emitted tokens (accepted ones, then the bonus token).
+
+        Args:
+            draft: token ids + parents (`agentspec.Draft`, a ``(token_ids,
+                parents)`` pair with parents None for a chain, a plain list
+                for a chain, or None for no draft).
+            sampling: None or temperature 0 for greedy acceptance; otherwise
+                the speculative sampling rule (`accept_sampling`), lossless
+                with respect to sampling from the target with these settings.
+            rng: random source for sampling (default: a fresh unseeded one).
+
+        Raises:
+            InvalidArgumentError: no prefill yet, a malformed draft, or a draft
+                deeper than the model's remaining context.
+            TypeError, InvalidTokenError: bad draft tokens.
+        """
+        tree = as_draft_tree(draft, self.vocab_size)
+        logits = self.forward_tree(tree)
+        if sampling is None or sampling.greedy:
+            path, token = self._greedy_path(tree, logits)
+        else:
+            probs = target_probs(logits.numpy(), sampling.temperature, sampling.top_p)
+            gen = rng if rng is not None else np.random.default_rng()
+            path, token = accept_sampling(probs, tree.tokens, tree.parents, gen)
+        return self.commit(tree, path, token)
+
+    @staticmethod
+    def _greedy_path(tree: DraftTree, logits: Any) -> tuple[list[int], int]:
+        """Greedy acceptance: follow the argmax child from the root; return (path, bonus)."""
+        best = logits.argmax(dim=-1).tolist()
+        path: list[int] = []
+        node = -1
+        while True:
+            want = best[node + 1]
+            nxt = next((k for k in tree.children[node + 1] if tree.tokens[k] == want), None)
+            if nxt is None:
+                return path, int(want)
+            path.append(nxt)
+            node = nxt
