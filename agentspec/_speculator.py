@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import array
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +31,14 @@ from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["ShardKey", "Speculator"]
+__all__ = ["MAX_EXTRA_TREES", "ShardKey", "Speculator"]
 
 ShardKey = tuple[str | None, str | None]
 """``(pipeline, stage)``; None stands for "untagged"."""
+
+#: Most ``extra_trees`` one draft accepts: a request drafts from its stage shard
+#: and its pipeline tree, and the native call takes `_lowlevel.MAX_GLOBALS` trees.
+MAX_EXTRA_TREES: int = _lowlevel.MAX_GLOBALS - 2
 
 
 def _int32_array(tokens: TokenArray) -> array.array[int]:
@@ -150,25 +154,60 @@ class Speculator:
         req.cursor._extend_buffer(ptr, n, keep)
         req.response.extend(keep.tolist() if not isinstance(keep, array.array) else keep)
 
-    def draft(self, req_id: Hashable, params: DraftParams | None = None, **overrides: Any) -> Draft:
-        """Draft the next tokens of a request from its own tree and its shards."""
+    def draft(
+        self,
+        req_id: Hashable,
+        params: DraftParams | None = None,
+        *,
+        extra_trees: Sequence[SuffixTree] = (),
+        **overrides: Any,
+    ) -> Draft:
+        """Draft the next tokens of a request from its own tree and its shards.
+
+        ``extra_trees`` are further global trees to draft from, after the
+        request's own shards in order of preference on equal scores (e.g.
+        shards pushed to a serving worker); at most `MAX_EXTRA_TREES`.
+        """
         req = self._request(req_id)
         p = self._params if params is None and not overrides else resolve_params(params, overrides)
-        result, _ = req.cursor._draft_multi(self._request_trees(req), p, self._handles)
+        trees = self._with_extra(self._request_trees(req), extra_trees)
+        result, _ = req.cursor._draft_multi(trees, p, self._handles)
         return make_draft(result)
 
     def draft_source(
-        self, req_id: Hashable, params: DraftParams | None = None
+        self,
+        req_id: Hashable,
+        params: DraftParams | None = None,
+        *,
+        extra_trees: Sequence[SuffixTree] = (),
     ) -> tuple[Draft, str]:
-        """`draft`, plus which tree it came from: "stage", "pipeline", "local",
-        "merged" or "none"."""
+        """`draft`, plus which tree it came from: "stage", "pipeline", "extra"
+        (one of ``extra_trees``), "local", "merged" or "none"."""
         req = self._request(req_id)
-        trees = self._request_trees(req)
+        own = self._request_trees(req)
+        trees = self._with_extra(own, extra_trees)
         result, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
         draft = make_draft(result)
         if draft.source != "global":
             return draft, draft.source
+        if index >= len(own):
+            return draft, "extra"
         return draft, self._tree_role(req.key, trees[index])
+
+    @staticmethod
+    def _with_extra(own: list[SuffixTree], extra: Sequence[SuffixTree]) -> list[SuffixTree]:
+        """A request's trees followed by ``extra`` (checked), skipping duplicates."""
+        if not extra:
+            return own
+        if len(extra) > MAX_EXTRA_TREES:
+            raise InvalidArgumentError(f"at most {MAX_EXTRA_TREES} extra trees, not {len(extra)}")
+        trees = list(own)
+        for tree in extra:
+            if not isinstance(tree, SuffixTree):
+                raise TypeError(f"extra_trees must hold SuffixTree, not {type(tree).__name__}")
+            if all(tree is not t for t in trees):
+                trees.append(tree)
+        return trees
 
     def finish(self, req_id: Hashable, *, learn: bool = True) -> None:
         """End a request; with ``learn`` its response joins its stage and pipeline shards."""

@@ -171,3 +171,25 @@ def test_lead_tokens_is_checked() -> None:
         Speculator(16, lead_tokens=17)
     with pytest.raises(InvalidArgumentError, match="lead_tokens"):
         Speculator(16, lead_tokens=-1)
+
+
+def test_extra_trees_are_drafted_from_after_own_shards() -> None:
+    """`extra_trees` (e.g. pushed shards) join the draft; `draft_source` says "extra"."""
+    from agentspec import SuffixTree
+    from agentspec._speculator import MAX_EXTRA_TREES
+
+    with (
+        Speculator(16, lead_tokens=0, local_tree=False, params=PARAMS) as spec,
+        SuffixTree(16) as pushed,
+    ):
+        pushed.add(1, SQL)
+        spec.start_request("r", [5, *SQL[:2]], stage="SQL", pipeline="p")
+        assert list(spec.draft("r").token_ids) == []  # nothing learned locally
+        draft, source = spec.draft_source("r", extra_trees=[pushed])
+        assert list(draft.token_ids) == SQL[2:]
+        assert source == "extra"
+        assert list(spec.draft("r", extra_trees=[pushed, pushed]).token_ids) == SQL[2:]
+        with pytest.raises(InvalidArgumentError, match="extra trees"):
+            spec.draft("r", extra_trees=[pushed] * (MAX_EXTRA_TREES + 1))
+        with pytest.raises(TypeError, match="SuffixTree"):
+            spec.draft("r", extra_trees=[object()])  # type: ignore[list-item]
