@@ -382,10 +382,15 @@ class ShardPusher:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every endpoint acknowledged the store's current versions.
 
-        Endpoints resting after failures are tried again at once.  Returns
-        False when ``timeout`` seconds passed first (or the pusher is closed).
+        Endpoints resting after failures are tried again at once, and every
+        known worker is asked for its instance first, so a worker that
+        restarted since its last acknowledgement is resynced before this
+        returns True.  Returns False when ``timeout`` seconds passed first
+        (or the pusher is closed).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        for ep in self._endpoints:
+            self._probe(ep, own_connection=True)  # a restarted worker is not in sync
         with self._lock:
             for ep in self._endpoints:
                 ep.retry_at = 0.0
@@ -491,7 +496,7 @@ class ShardPusher:
             try:
                 item: object = self._queue.get(timeout=self._next_wait())
             except queue.Empty:
-                item = None
+                item = _ALL  # idle: look for restarted workers and missed changes
             if self._closed.is_set():
                 break
             try:
@@ -520,6 +525,8 @@ class ShardPusher:
         """Mark what changed dirty, then sync every endpoint that may be tried."""
         keys, scan = self._collect(first)
         if scan:
+            for ep in self._endpoints:
+                self._probe(ep)
             keys |= set(self._store.keys())
         with self._lock:
             for ep in self._endpoints:
@@ -691,6 +698,31 @@ class ShardPusher:
             else:
                 ep.deltas += 1
 
+    def _probe(self, ep: _Endpoint, *, own_connection: bool = False) -> None:
+        """Ask a known worker for its instance (one try); a new one means it restarted.
+
+        Without this, a worker that restarted while the store did not change
+        would stay empty until the next change (and `flush` would wrongly
+        report it in sync).  The pusher thread probes on its endpoint
+        connection; `flush` (another thread) with ``own_connection``.
+        """
+        with self._lock:
+            known = ep.instance
+            resting = ep.retry_at > time.monotonic()
+        if known is None or (resting and not own_connection):
+            return
+        url = f"{ep.prefix}{SHARDS_PATH}"
+        try:
+            if own_connection:
+                answer = self._send_once(ep, url)
+            else:
+                answer = self._send(ep, "GET", url, None, self._headers)
+        except PushError:
+            return  # unreachable now: the next push finds out and backs off
+        instance = answer.instance()
+        if instance is not None and instance != known:
+            self._worker_restarted(ep, instance)
+
     def _worker_restarted(self, ep: _Endpoint, instance: str | None) -> None:
         """Forget what a restarted worker had: every shard is sent again, as a snapshot."""
         keys = set(self._store.keys())
@@ -779,6 +811,23 @@ class ShardPusher:
             retry_after=parse_retry_after(rheaders),
             instance=rheaders.get(INSTANCE_HEADER.lower()),
         )
+
+    def _send_once(self, ep: _Endpoint, url: str) -> _Answer:
+        """A GET on a connection of its own (for callers other than the pusher thread)."""
+        cls = http.client.HTTPSConnection if ep.scheme == "https" else http.client.HTTPConnection
+        conn = cls(ep.host, ep.port, timeout=self._timeout)
+        try:
+            conn.request("GET", url, headers=dict(self._headers))
+            resp = conn.getresponse()
+            data = resp.read()
+            headers = {k.lower(): v for k, v in resp.getheaders()}
+        except (OSError, http.client.HTTPException) as e:
+            raise PushError(f"GET {ep.url}: {type(e).__name__}: {e}") from e
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise PushError(f"GET {ep.url}: HTTP {resp.status}", status=resp.status)
+        return _Answer(resp.status, headers, data)
 
     def _drop_connection(self, ep: _Endpoint) -> None:
         """Close an endpoint's connection (the next request reconnects)."""

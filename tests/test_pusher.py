@@ -291,6 +291,22 @@ def test_restart_noticed_by_instance_header(cleanup):
     assert st.snapshots == 2 * len(KEYS)
 
 
+def test_restart_without_changes_is_resynced_by_flush(cleanup):
+    store = ShardStore()
+    worker = Worker()
+    cleanup += [worker, store]
+    Learner(store).learn(6)
+    pusher = ShardPusher(store, [worker.url], retrying=fast_retrying())
+    cleanup.append(pusher)
+    assert pusher.flush(20)
+    worker.stop()
+    worker.start_again()  # restarted, empty, and the store does not change
+    assert worker.intake.keys() == []
+    assert pusher.flush(20)  # flush asks the worker for its instance first
+    assert_mirrors(worker.intake, store)
+    assert pusher.status()[worker.url].snapshots == 2 * len(KEYS)
+
+
 def test_missing_token_is_401_and_not_retried(cleanup):
     store = ShardStore()
     worker = Worker(api_key="sekrit")
