@@ -7,12 +7,25 @@
   `speculator_drafter` for drafts from an `agentspec.Speculator`).
 - `accept_sampling`, `branch_probabilities`, `target_probs`: the speculative
   sampling rule for point-mass drafts, as pure numpy functions.
+- `Engine`: runs requests one at a time with drafts from learned stage shards
+  (and shards pushed to it); `EngineServer` / `run_engine_server`: its
+  OpenAI-compatible HTTP server (``agentspec serve`` without vLLM).
 
 Needs the ``local`` extra (torch, transformers); see `agentspec.models` for
 the default model.
 """
 
+from agentspec.engine._chat import TextDecoder, render_chat
 from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree
+from agentspec.engine._engine import (
+    Completion,
+    Engine,
+    EngineOptions,
+    GenerationCancelledError,
+    GenerationRequest,
+    SpecStats,
+    TextDelta,
+)
 from agentspec.engine._generate import (
     Drafter,
     GenerateResult,
@@ -27,22 +40,35 @@ from agentspec.engine._sampling import (
     branch_probabilities,
     target_probs,
 )
+from agentspec.engine._server import EngineServer, default_threads, run_engine_server
 from agentspec.engine._verify import DraftInput, Verifier
 
 __all__ = [
+    "Completion",
     "DraftInput",
     "DraftLike",
     "DraftTree",
     "Drafter",
+    "Engine",
+    "EngineOptions",
+    "EngineServer",
     "GenerateResult",
+    "GenerationCancelledError",
+    "GenerationRequest",
     "SamplingParams",
+    "SpecStats",
     "SpeculatorDrafter",
     "StepStats",
+    "TextDecoder",
+    "TextDelta",
     "Verifier",
     "accept_sampling",
     "as_draft_tree",
     "branch_probabilities",
+    "default_threads",
     "generate_greedy",
+    "render_chat",
+    "run_engine_server",
     "speculator_drafter",
     "target_probs",
 ]

@@ -1,0 +1,414 @@
+"""Request execution for the embedded engine: one sequence at a time, drafts from stage shards.
+
+`Engine` owns a model, its tokenizer, one `Verifier` (a single sequence) and
+one `agentspec.Speculator` per tenant holding the engine's learned stage
+shards.  `Engine.generate` runs one `GenerationRequest`: it waits for its
+turn (requests are served first come, first served), prefills the prompt,
+then loops: draft from the request's stage shard (and the shard pushed to
+the engine for the same key, if any: `ShardIntake`), verify the draft in one
+forward pass, emit the accepted tokens.  Greedy requests (temperature 0)
+produce the model's greedy continuation whatever the drafts; sampled ones
+use the verifier's lossless speculative sampling rule.  A finished response
+is learned into its stage shard, so the next request of that stage drafts
+from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentspec._draft import Draft, DraftParams
+from agentspec._log import get_logger
+from agentspec._speculator import Speculator
+from agentspec._tree import SuffixTree
+from agentspec.engine._chat import TextDecoder
+from agentspec.engine._draft_tree import as_draft_tree
+from agentspec.engine._sampling import SamplingParams
+from agentspec.engine._verify import Verifier
+from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineOptions",
+    "GenerationCancelledError",
+    "GenerationRequest",
+    "SpecStats",
+    "TextDelta",
+]
+
+_log = get_logger()
+
+ShardKey = tuple[str, str | None, str | None]
+"""``(tenant, pipeline, stage)``, as on the shard wire protocol."""
+
+#: How often (seconds) a request waiting for its turn checks whether it was cancelled.
+_WAIT_POLL_S = 0.05
+
+
+class GenerationCancelledError(AgentSpecError, RuntimeError):
+    """The request was cancelled (its client went away) before it finished."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Serving options of an `Engine`.
+
+    Attributes:
+        max_model_len: longest prompt + output in tokens (default: the
+            model's ``max_position_embeddings``; never more).
+        default_max_tokens: output limit of a request that sets none.
+        speculate: draft by default (a request can turn it off).
+        tree_drafts: draft trees instead of chains.
+        draft_params: drafting parameters (`DraftParams()`; ``tree`` is
+            overridden by ``tree_drafts``).
+        max_depth: depth of the shard trees (pushed shards must match).
+        max_shard_tokens: per-shard FIFO token budget of the learned shards.
+    """
+
+    max_model_len: int | None = None
+    default_max_tokens: int = 1024
+    speculate: bool = True
+    tree_drafts: bool = False
+    draft_params: DraftParams | None = None
+    max_depth: int = 64
+    max_shard_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        """Validate the numbers."""
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidArgumentError("max_model_len must be >= 2", str(self.max_model_len))
+        if self.default_max_tokens < 1:
+            raise InvalidArgumentError("default_max_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request to run.
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        max_tokens: most tokens to generate (None: the engine's default,
+            capped by the room left in the context).
+        stop: stop strings; the output ends before the first one.
+        temperature: 0 for greedy decoding, else sampling.
+        top_p: nucleus sampling mass.
+        seed: seeds the sampling RNG (None: fresh entropy).
+        key: the stage shard ``(tenant, pipeline, stage)``.
+        speculate: draft (None: the engine's default).
+    """
+
+    prompt_ids: Sequence[int]
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    key: ShardKey = ("default", None, None)
+    speculate: bool | None = None
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters of one request.
+
+    Attributes:
+        steps: verification forward passes (the prefill not counted).
+        drafted: draft tokens verified.
+        accepted: draft tokens accepted (each step's bonus token not counted).
+        speculate: whether the request drafted.
+    """
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    speculate: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``"agentspec"`` field of a response."""
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "speculate": self.speculate,
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Output that became final during a step: new text and the tokens behind it."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Completion:
+    """The end of a request.
+
+    Attributes:
+        text: the whole output text (stop string excluded).
+        token_ids: every generated token (the eos token included when hit).
+        prompt_ids: the prompt's tokens.
+        finish_reason: "stop" (eos or a stop string) or "length".
+        stats: speculation counters.
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    finish_reason: str
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+class _FifoLock:
+    """A lock granted in request order; a waiter may give up its turn."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0  # next ticket to hand out
+        self._serving = 0  # ticket that holds the lock (or may take it)
+        self._abandoned: set[int] = set()
+
+    def acquire(self, cancelled: Callable[[], bool] | None = None) -> bool:
+        """Wait for this caller's turn; False when ``cancelled()`` became true first."""
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                if cancelled is not None and cancelled():
+                    self._abandoned.add(ticket)
+                    return False
+                self._cond.wait(_WAIT_POLL_S)
+            return True
+
+    def release(self) -> None:
+        """Pass the lock to the next ticket still waiting."""
+        with self._cond:
+            self._serving += 1
+            while self._serving in self._abandoned:
+                self._abandoned.discard(self._serving)
+                self._serving += 1
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Requests holding or waiting for the lock."""
+        with self._cond:
+            return self._next - self._serving - len(self._abandoned)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The end-of-sequence ids of the tokenizer and the model's generation config."""
+    ids: set[int] = set()
+    for src in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(t) for t in src)
+    return frozenset(ids)
+
+
+class Engine:
+    """Runs generation requests on one model, one at a time, with stage-shard drafts.
+
+    Args:
+        model: a transformers causal LM (see `Verifier`).
+        tokenizer: its Hugging Face tokenizer.
+        options: serving options.
+        pushed_tree: ``key -> SuffixTree | None``, the shard pushed to this
+            engine for a key (e.g. ``ShardIntake.tree``); drafted from
+            together with the engine's own shard of that key.
+
+    Thread-safe: `generate` may be called from many threads; requests run
+    one after another in arrival order.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        options: EngineOptions | None = None,
+        *,
+        pushed_tree: Callable[[ShardKey], SuffixTree | None] | None = None,
+    ) -> None:
+        """Wrap ``model`` in a `Verifier` (see the class docstring)."""
+        self.options = options or EngineOptions()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.verifier = Verifier(model)
+        limit = self.verifier.max_positions
+        wanted = self.options.max_model_len
+        if wanted is None:
+            wanted = limit if limit is not None else 4096
+        self.max_model_len: int = wanted if limit is None else min(wanted, limit)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        base = self.options.draft_params or DraftParams()
+        if base.tree != self.options.tree_drafts:
+            base = DraftParams(**{**base.__getstate__(), "tree": self.options.tree_drafts})
+        self.draft_params = base
+        self._pushed_tree = pushed_tree
+        self._lock = _FifoLock()
+        self._speculators: dict[str, Speculator] = {}  # per tenant; used under _lock
+        self._ids = itertools.count(1)
+
+    # --- shards ---------------------------------------------------------------
+
+    def _speculator(self, tenant: str) -> Speculator:
+        spec = self._speculators.get(tenant)
+        if spec is None:
+            spec = self._speculators[tenant] = Speculator(
+                self.options.max_depth, max_shard_tokens=self.options.max_shard_tokens
+            )
+        return spec
+
+    def learned_shards(self) -> dict[ShardKey, SuffixTree]:
+        """The engine's learned stage shards by ``(tenant, pipeline, stage)`` (read only)."""
+        self._lock.acquire()
+        try:
+            return {
+                (tenant, pipeline, stage): tree
+                for tenant, spec in self._speculators.items()
+                for (pipeline, stage), tree in spec.shards().items()
+            }
+        finally:
+            self._lock.release()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests running or waiting."""
+        return self._lock.waiting
+
+    def close(self) -> None:
+        """Free the learned shards."""
+        self._lock.acquire()
+        try:
+            for spec in self._speculators.values():
+                spec.close()
+            self._speculators.clear()
+        finally:
+            self._lock.release()
+
+    # --- requests -------------------------------------------------------------
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Refuse a prompt that leaves no room for output.
+
+        Raises:
+            InvalidArgumentError: empty, or ``len >= max_model_len``.
+        """
+        if not prompt_ids:
+            raise InvalidArgumentError("the prompt must not be empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidArgumentError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's maximum context "
+                f"length is {self.max_model_len} tokens (prompt and output together)"
+            )
+
+    def generate(
+        self, request: GenerationRequest, cancelled: Callable[[], bool] | None = None
+    ) -> Generator[TextDelta | Completion, None, None]:
+        """Run ``request``; yields `TextDelta` items as output is produced, then a `Completion`.
+
+        Nothing runs until the first ``next``; the request then waits for its
+        turn.  ``cancelled()`` is polled while waiting and before each step;
+        when it turns true the generator raises `GenerationCancelledError`
+        (nothing is learned).  Close the generator to abandon the request.
+
+        Raises:
+            InvalidArgumentError: a bad prompt or bad sampling parameters.
+        """
+        self.check_prompt(request.prompt_ids)
+        sampling = SamplingParams(request.temperature, request.top_p)
+        return self._run(request, sampling, cancelled or (lambda: False))
+
+    def _run(
+        self, req: GenerationRequest, sampling: SamplingParams, cancelled: Callable[[], bool]
+    ) -> Generator[TextDelta | Completion, None, None]:
+        if not self._lock.acquire(cancelled):
+            raise GenerationCancelledError("the client went away while the request was queued")
+        try:
+            yield from self._locked_run(req, sampling, cancelled)
+        finally:
+            self._lock.release()
+
+    def _locked_run(
+        self, req: GenerationRequest, sampling: SamplingParams, cancelled: Callable[[], bool]
+    ) -> Generator[TextDelta | Completion, None, None]:
+        prompt = [int(t) for t in req.prompt_ids]
+        tenant, pipeline, stage = req.key
+        speculate = self.options.speculate if req.speculate is None else req.speculate
+        stats = SpecStats(speculate=speculate)
+        rng = np.random.default_rng(req.seed) if not sampling.greedy else None
+        room_total = self.max_model_len - len(prompt)
+        limit = min(req.max_tokens or self.options.default_max_tokens, room_total)
+        spec = self._speculator(tenant)
+        rid = next(self._ids)
+        verifier = self.verifier
+        decoder = TextDecoder(self.tokenizer, req.stop, self.eos_ids)
+        out: list[int] = []
+        text: list[str] = []
+        finish = "length"
+        verifier.prefill(prompt)
+        spec.start_request(rid, prompt, stage=stage, pipeline=pipeline)
+        learn = False
+        try:
+            while len(out) < limit and finish == "length":
+                if cancelled():
+                    raise GenerationCancelledError("the client went away during generation")
+                remaining = limit - len(out)
+                depth = min(remaining - 1, self.max_model_len - len(verifier.tokens))
+                tree = None
+                if speculate and depth > 0:
+                    draft = self._draft(spec, rid, req.key)
+                    if len(draft):
+                        tree = as_draft_tree(draft, verifier.vocab_size).trimmed(depth)
+                emitted = verifier.step(tree, sampling=sampling, rng=rng)
+                stats.steps += 1
+                stats.drafted += 0 if tree is None else len(tree)
+                stats.accepted += len(emitted) - 1
+                kept: list[int] = []
+                piece: list[str] = []
+                for tok in emitted:
+                    kept.append(tok)
+                    if tok in self.eos_ids:
+                        finish = "stop"
+                        break
+                    piece.append(decoder.push(tok))
+                    if decoder.stopped:
+                        finish = "stop"
+                        break
+                    if len(out) + len(kept) >= limit:
+                        break
+                out.extend(kept)
+                spec.extend(rid, kept)
+                chunk = "".join(piece)
+                if finish != "length" or len(out) >= limit:
+                    chunk += decoder.flush()  # the text held back for a possible stop string
+                text.append(chunk)
+                yield TextDelta(chunk, kept)
+            learn = True
+        finally:
+            spec.finish(rid, learn=learn and bool(out))
+        yield Completion("".join(text), out, prompt, finish, stats)
+
+    def _draft(self, spec: Speculator, rid: int, key: ShardKey) -> Draft:
+        """The request's draft from its own shards and the shard pushed for ``key``."""
+        pushed = self._pushed_tree(key) if self._pushed_tree is not None else None
+        if pushed is not None:
+            try:
+                return spec.draft(rid, self.draft_params, extra_trees=(pushed,))
+            except (RuntimeError, AgentSpecError) as exc:
+                # A delta is being applied to the pushed tree (or it was just replaced
+                # and closed): draft from the engine's own shards this step.
+                _log.debug("agentspec.engine.pushed_tree_busy", key=key, error=str(exc))
+        return spec.draft(rid, self.draft_params)

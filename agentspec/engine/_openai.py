@@ -1,0 +1,399 @@
+"""The OpenAI wire format of the embedded engine: parsing requests, building answers.
+
+`parse_request` validates a ``/v1/chat/completions`` or ``/v1/completions``
+body into a `ParsedRequest` (raising `ApiError`, an HTTP status with an
+OpenAI-style error body, for anything unusable), and the ``*_object`` /
+``*_chunk`` functions build the JSON answers, vLLM-style where OpenAI has no
+field: ``choices[i].token_ids`` and a top-level ``prompt_token_ids`` when
+``return_token_ids`` is set, and an ``"agentspec"`` field with the
+speculation counters of the request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentspec._tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
+from agentspec.engine._chat import render_chat, tokenize_prompt
+from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = [
+    "ApiError",
+    "ParsedRequest",
+    "completion_object",
+    "error_body",
+    "final_chunk",
+    "first_chunk",
+    "parse_request",
+    "text_chunk",
+    "usage_chunk",
+]
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+
+#: ``vllm_xargs`` keys naming the shard key, as `AgentSpecClient` sends them.
+_XARG_TENANT = "agentspec_tenant"
+_XARG_PIPELINE = "agentspec_pipeline"
+_XARG_STAGE = "agentspec_stage"
+#: ``vllm_xargs`` key turning speculation on or off for one request.
+_XARG_SPECULATE = "agentspec_speculate"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ApiError(Exception):
+    """A request refused with an OpenAI-style error answer.
+
+    Attributes:
+        status: HTTP status.
+        message: what is wrong, for the client.
+        type: OpenAI error type (``invalid_request_error``, ...).
+        param: the offending request field, if any.
+        code: a short machine-readable code, if any.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        """Record the answer's parts."""
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: Any = None) -> bytes:
+    """The JSON body ``{"error": {"message", "type", "param", "code"}}``."""
+    err = {"message": message, "type": type_, "param": param, "code": code}
+    return json.dumps({"error": err}).encode()
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated request.
+
+    Attributes:
+        kind: "chat" or "completions".
+        model: the model name to answer with.
+        generation: what the engine runs.
+        stream: answer as server-sent events.
+        include_usage: (streams) send a usage chunk before ``[DONE]``.
+        return_token_ids: add ``token_ids`` / ``prompt_token_ids``.
+    """
+
+    kind: str
+    model: str
+    generation: GenerationRequest
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _opt_number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise _bad(f"'{name}' must be in [{lo:g}, {hi:g}], not {value}", name)
+    return float(value)
+
+
+def _opt_int(body: Mapping[str, Any], name: str, lo: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise _bad(f"'{name}' must be an integer", name)
+    if value < lo:
+        raise _bad(f"'{name}' must be >= {lo}, not {value}", name)
+    return value
+
+
+def _stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _bad("'stop' must be a string or a list of strings", "stop")
+    return tuple(s for s in stop if s)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _bad(f"vllm_xargs.{name} must be a boolean", "vllm_xargs")
+
+
+def _shard_key(
+    body: Mapping[str, Any], headers: Mapping[str, str]
+) -> tuple[tuple[str, str | None, str | None], bool | None]:
+    """The request's ``(tenant, pipeline, stage)`` and its speculation switch."""
+    xargs = body.get("vllm_xargs") or {}
+    if not isinstance(xargs, dict):
+        raise _bad("'vllm_xargs' must be an object", "vllm_xargs")
+    lower = {k.lower(): v for k, v in headers.items()}
+
+    def tag(name: str, header: str | None) -> str | None:
+        value = xargs.get(f"agentspec_{name}")
+        if value is None and header is not None and header.lower() in lower:
+            value = decode_header_value(lower[header.lower()])
+        if value is None:
+            return None
+        try:
+            return check_tag(value, name)
+        except InvalidArgumentError as exc:
+            raise _bad(f"vllm_xargs.agentspec_{name}: {exc}", "vllm_xargs") from None
+
+    tenant = tag("tenant", None) or "default"
+    key = (tenant, tag("pipeline", HEADER_PIPELINE), tag("stage", HEADER_STAGE))
+    raw = xargs.get(_XARG_SPECULATE)
+    return key, None if raw is None else _flag(raw, _XARG_SPECULATE)
+
+
+def _unsupported(body: Mapping[str, Any]) -> None:
+    """Refuse options this engine cannot honour (rather than ignoring them)."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad(
+            f"n={n!r} is not supported: this engine returns one choice per request (n must be 1)",
+            "n",
+        )
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise _bad("best_of must be 1 on this engine", "best_of")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise _bad("logprobs are not supported by this engine", "logprobs")
+    if body.get("echo"):
+        raise _bad("echo is not supported by this engine", "echo")
+    if body.get("suffix") is not None:
+        raise _bad("suffix is not supported by this engine", "suffix")
+
+
+def parse_request(
+    kind: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    engine: Engine,
+    models: tuple[str, ...],
+) -> ParsedRequest:
+    """Validate a request body for ``kind`` ("chat" or "completions").
+
+    ``models`` are the names this server answers to (the first is reported).
+
+    Raises:
+        ApiError: bad JSON, missing or malformed fields (400), an unknown
+            model (404), a prompt longer than the context (400).
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("'model' must be a string", "model")
+    if model is not None and model not in models:
+        raise ApiError(
+            404,
+            f"the model '{model[:200]}' does not exist; this server serves: {', '.join(models)}",
+            param="model",
+            code="model_not_found",
+        )
+    _unsupported(body)
+    try:
+        if kind == CHAT:
+            if "messages" not in body:
+                raise _bad("missing required field 'messages'", "messages")
+            prompt = render_chat(engine.tokenizer, body["messages"])
+        else:
+            if "prompt" not in body:
+                raise _bad("missing required field 'prompt'", "prompt")
+            prompt = tokenize_prompt(engine.tokenizer, body["prompt"], engine.verifier.vocab_size)
+        engine.check_prompt(prompt)
+    except InvalidArgumentError as exc:
+        raise _bad(str(exc), "messages" if kind == CHAT else "prompt") from None
+    max_tokens = _opt_int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", 1)
+    seed = _opt_int(body, "seed", -(2**63))
+    key, speculate = _shard_key(body, headers)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    generation = GenerationRequest(
+        prompt_ids=prompt,
+        max_tokens=max_tokens,
+        stop=_stop_strings(body),
+        temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0),
+        seed=None if seed is None else seed % 2**63,
+        key=key,
+        speculate=speculate,
+    )
+    if generation.top_p == 0:
+        raise _bad("'top_p' must be in (0, 1]", "top_p")
+    return ParsedRequest(
+        kind=kind,
+        model=model or models[0],
+        generation=generation,
+        stream=_opt_bool(body, "stream"),
+        include_usage=bool(options and options.get("include_usage")),
+        return_token_ids=_opt_bool(body, "return_token_ids"),
+    )
+
+
+# --- answers ------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    """A response id: ``chatcmpl-...`` or ``cmpl-...``."""
+    return ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_object(req: ParsedRequest, rid: str, done: Completion) -> dict[str, Any]:
+    """The non-streamed answer."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": done.finish_reason}
+    if req.kind == CHAT:
+        choice["message"] = {"role": "assistant", "content": done.text}
+    else:
+        choice["text"] = done.text
+    if req.return_token_ids:
+        choice["token_ids"] = list(done.token_ids)
+    obj: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion" if req.kind == CHAT else "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [choice],
+        "usage": usage(len(done.prompt_ids), len(done.token_ids)),
+        "agentspec": done.stats.to_json(),
+    }
+    if req.return_token_ids:
+        obj["prompt_token_ids"] = list(done.prompt_ids)
+    return obj
+
+
+def _chunk(req: ParsedRequest, rid: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if req.kind == CHAT else "text_completion",
+        "created": created,
+        "model": req.model,
+        "choices": [choice],
+    }
+
+
+def first_chunk(
+    req: ParsedRequest, rid: str, created: int, prompt_ids: list[int]
+) -> dict[str, Any] | None:
+    """The opening chunk (the assistant role for chat); None when there is none to send."""
+    if req.kind != CHAT and not req.return_token_ids:
+        return None
+    if req.kind == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    else:
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
+    if req.return_token_ids:
+        choice["token_ids"] = []
+    obj = _chunk(req, rid, created, choice)
+    if req.return_token_ids:
+        obj["prompt_token_ids"] = list(prompt_ids)
+    return obj
+
+
+def text_chunk(
+    req: ParsedRequest, rid: str, created: int, text: str, token_ids: list[int]
+) -> dict[str, Any]:
+    """A chunk carrying new text (and its token ids)."""
+    if req.kind == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+    if req.return_token_ids:
+        choice["token_ids"] = list(token_ids)
+    return _chunk(req, rid, created, choice)
+
+
+def final_chunk(
+    req: ParsedRequest, rid: str, created: int, finish_reason: str, stats: SpecStats
+) -> dict[str, Any]:
+    """The chunk with the finish reason and the speculation counters."""
+    if req.kind == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+    else:
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
+    if req.return_token_ids:
+        choice["token_ids"] = []
+    obj = _chunk(req, rid, created, choice)
+    obj["agentspec"] = stats.to_json()
+    return obj
+
+
+def usage_chunk(req: ParsedRequest, rid: str, created: int, done: Completion) -> dict[str, Any]:
+    """The ``stream_options.include_usage`` chunk (no choices)."""
+    obj = _chunk(req, rid, created, {})
+    obj["choices"] = []
+    obj["usage"] = usage(len(done.prompt_ids), len(done.token_ids))
+    return obj

@@ -1,0 +1,493 @@
+"""The embedded engine's OpenAI-compatible HTTP server (stdlib ``ThreadingHTTPServer``).
+
+Routes:
+
+- ``GET /v1/models`` -- the served model.
+- ``POST /v1/chat/completions``, ``POST /v1/completions`` -- generation,
+  streamed as server-sent events (``data: {...}`` ... ``data: [DONE]``) or not.
+- ``/v1/agentspec/...`` -- the shard push routes of `agentspec.ShardIntake`,
+  mounted as they are: shards a `ShardPusher` sends here are drafted from
+  together with the engine's own learned shards.
+- ``GET /health`` -- 200 while serving (no authentication).
+
+With an API key every ``/v1`` route needs ``Authorization: Bearer <key>``.
+Requests run one at a time in arrival order (the model holds one sequence);
+a client that disconnects stops its request, queued or running.
+
+`run_engine_server` is what ``agentspec serve`` calls when vLLM is not
+installed; `EngineServer` runs the same server in-process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from agentspec._intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
+from agentspec._log import get_logger
+from agentspec._wire import API_PREFIX, check_bearer
+from agentspec.engine._engine import (
+    Completion,
+    Engine,
+    EngineOptions,
+    GenerationCancelledError,
+    TextDelta,
+)
+from agentspec.engine._openai import (
+    CHAT,
+    COMPLETIONS,
+    ApiError,
+    ParsedRequest,
+    completion_object,
+    error_body,
+    final_chunk,
+    first_chunk,
+    new_id,
+    parse_request,
+    text_chunk,
+    usage_chunk,
+)
+
+__all__ = ["EngineServer", "default_threads", "run_engine_server"]
+
+_log = get_logger()
+
+#: Largest JSON request body accepted on the OpenAI routes.
+MAX_REQUEST_BYTES = 16 << 20
+
+_ROUTES = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+
+
+def default_threads() -> int:
+    """The default torch thread count: ``min(4, cpu count)``."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the client closed its side of ``sock`` (a pending EOF, or a dead socket)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
+    """OpenAI routes here; ``/v1/agentspec/...`` to the intake (the parent class)."""
+
+    server: _EngineHTTPServer
+
+    # --- routing ----------------------------------------------------------
+
+    def _route(self) -> None:
+        """Serve one request of any method."""
+        path = self.path.partition("?")[0]
+        if path.startswith(API_PREFIX):
+            getattr(super(), f"do_{self.command}")()
+            return
+        try:
+            self._openai(path)
+        except ApiError as err:
+            self._drain()
+            self._error(err)
+
+    def do_GET(self) -> None:
+        """Serve a GET request."""
+        self._route()
+
+    def do_POST(self) -> None:
+        """Serve a POST request."""
+        self._route()
+
+    def do_PUT(self) -> None:
+        """Serve a PUT request."""
+        self._route()
+
+    def do_DELETE(self) -> None:
+        """Serve a DELETE request."""
+        self._route()
+
+    def do_PATCH(self) -> None:
+        """Serve a PATCH request."""
+        self._route()
+
+    def _openai(self, path: str) -> None:
+        owner = self.server.owner
+        if path == "/health" and self.command == "GET":
+            self._json(200, {"status": "ok"})
+            return
+        if path.startswith("/v1/") and not check_bearer(
+            self.headers.get("Authorization"), owner.api_key
+        ):
+            raise ApiError(401, "missing or invalid API key", "authentication_error")
+        if path == "/v1/models":
+            if self.command != "GET":
+                raise ApiError(405, f"{self.command} not allowed on {path}")
+            self._json(200, owner.models_object())
+            return
+        kind = _ROUTES.get(path)
+        if kind is None:
+            raise ApiError(404, f"unknown route {path[:200]}", "not_found_error")
+        if self.command != "POST":
+            raise ApiError(405, f"{self.command} not allowed on {path}")
+        body = self._read_body()
+        headers = dict(self.headers.items())
+        req = parse_request(kind, body, headers, owner.engine, owner.model_names)
+        if req.stream:
+            self._stream(req)
+        else:
+            self._complete(req)
+
+    # --- bodies -----------------------------------------------------------
+
+    def _content_length(self) -> int | None:
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return None
+        try:
+            n = int(raw)
+        except ValueError:
+            n = -1
+        if n < 0:
+            self.close_connection = True
+            raise ApiError(400, "bad Content-Length header")
+        return n
+
+    def _read_body(self) -> bytes:
+        length = self._content_length()
+        if length is None:
+            self.close_connection = True
+            raise ApiError(411, "a Content-Length header is required")
+        if length > MAX_REQUEST_BYTES:
+            self.close_connection = True
+            raise ApiError(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+        body = self.rfile.read(length) if length else b""
+        if len(body) != length:
+            self.close_connection = True
+            raise ApiError(400, "the request body ended early")
+        self._body_read = True
+        return body
+
+    def _drain(self) -> None:
+        """Read an unread small body so the client gets the answer, not a reset."""
+        if getattr(self, "_body_read", False):
+            return
+        try:
+            length = self._content_length()
+        except ApiError:
+            return
+        if length:
+            if length <= 1 << 20:
+                self.rfile.read(length)
+            else:
+                self.close_connection = True
+
+    # --- answers ----------------------------------------------------------
+
+    def _json(self, status: int, obj: Any, extra: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, err: ApiError) -> None:
+        extra = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+        data = error_body(err.message, err.type, err.param, err.code or err.status)
+        self.send_response(err.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in extra.items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _cancelled(self) -> bool:
+        return _peer_closed(self.connection)
+
+    def _complete(self, req: ParsedRequest) -> None:
+        gen = self.server.owner.engine.generate(req.generation, self._cancelled)
+        done: Completion | None = None
+        try:
+            for item in gen:
+                if isinstance(item, Completion):
+                    done = item
+        except GenerationCancelledError:
+            self.close_connection = True
+            return
+        finally:
+            gen.close()
+        if done is None:  # pragma: no cover - the engine always ends with a Completion
+            raise ApiError(500, "the engine produced no result", "server_error")
+        self._json(200, completion_object(req, new_id(req.kind), done))
+
+    def _stream(self, req: ParsedRequest) -> None:
+        rid, created = new_id(req.kind), int(time.time())
+        gen = self.server.owner.engine.generate(req.generation, self._cancelled)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            first = first_chunk(req, rid, created, list(req.generation.prompt_ids))
+            if first is not None:
+                self._event(first)
+            for item in gen:
+                if isinstance(item, TextDelta):
+                    if item.text or (req.return_token_ids and item.token_ids):
+                        self._event(text_chunk(req, rid, created, item.text, item.token_ids))
+                    continue
+                self._event(final_chunk(req, rid, created, item.finish_reason, item.stats))
+                if req.include_usage:
+                    self._event(usage_chunk(req, rid, created, item))
+            self._event("[DONE]")
+        except (GenerationCancelledError, ConnectionError, TimeoutError):
+            _log.debug("agentspec.engine.stream_cancelled", id=rid)
+        except Exception as exc:  # the answer has started: report the error in-band
+            _log.exception("agentspec.engine.stream_failed", id=rid)
+            with contextlib.suppress(OSError):
+                err = json.loads(error_body(f"generation failed: {exc}", "server_error"))
+                self._event(err)
+                self._event("[DONE]")
+        finally:
+            gen.close()
+
+    def _event(self, obj: Any) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def handle_one_request(self) -> None:
+        """Serve one request; unexpected errors become a 500 answer when none was sent."""
+        self._body_read = False
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as exc:
+            _log.exception("agentspec.engine.request_failed", path=self.path[:200])
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self._error(ApiError(500, f"internal error: {exc}", "server_error"))
+
+
+class _EngineHTTPServer(IntakeHTTPServer):
+    owner: EngineServer
+
+
+class EngineServer:
+    """The engine's HTTP server: ``with EngineServer(engine) as srv: ... srv.base_url``.
+
+    Args:
+        engine: the `Engine` answering the OpenAI routes.
+        host, port: where to listen (port 0: a free port).
+        api_key: bearer token required on every ``/v1`` route (None: open).
+        served_model_name: the model name(s) requests may use; the first
+            one is listed by ``/v1/models``.
+        intake: the shard intake (default: a new `ShardIntake` with the
+            same API key and the engine's tree depth).  Give the same intake
+            to the engine as its ``pushed_tree`` source; `create` does both.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        api_key: str | None = None,
+        served_model_name: str | tuple[str, ...] = "smollm2-135m",
+        intake: ShardIntake | None = None,
+    ) -> None:
+        """Bind (serving starts with `start` or `serve_forever`)."""
+        self.engine = engine
+        self.api_key = api_key or None
+        names = (served_model_name,) if isinstance(served_model_name, str) else served_model_name
+        if not names:
+            raise ValueError("at least one served model name is needed")
+        self.model_names: tuple[str, ...] = tuple(names)
+        self.intake = intake or ShardIntake(
+            api_key=self.api_key, max_depth=engine.options.max_depth
+        )
+        self.created = int(time.time())
+        self._httpd = _EngineHTTPServer((host, port), self.intake, _Handler)
+        self._httpd.owner = self
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def create(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        options: EngineOptions | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        api_key: str | None = None,
+        served_model_name: str | tuple[str, ...] = "smollm2-135m",
+    ) -> EngineServer:
+        """An `Engine` over ``model`` whose pushed shards come from this server's intake."""
+        opts = options or EngineOptions()
+        intake = ShardIntake(api_key=api_key or None, max_depth=opts.max_depth)
+        engine = Engine(model, tokenizer, opts, pushed_tree=intake.tree)
+        return cls(
+            engine,
+            host,
+            port,
+            api_key=api_key,
+            served_model_name=served_model_name,
+            intake=intake,
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return self._httpd.url
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (an OpenAI client's ``base_url``)."""
+        return self._httpd.url + "/v1"
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self._httpd.port
+
+    def models_object(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` answer."""
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "agentspec",
+                    "root": self.model_names[0],
+                    "max_model_len": self.engine.max_model_len,
+                }
+                for name in self.model_names
+            ],
+        }
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until `stop` (from another thread) or KeyboardInterrupt."""
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> EngineServer:
+        """Serve on a daemon thread."""
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"agentspec-engine-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving, close every connection and the socket."""
+        if self._thread is not None:
+            self._httpd.stop(self._thread, timeout)
+            self._thread = None
+        else:
+            self._httpd.drop_connections()
+            self._httpd.server_close()
+
+    def __enter__(self) -> EngineServer:
+        """Start serving on a daemon thread."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop serving."""
+        self.stop()
+
+
+def run_engine_server(
+    model: str = "smollm2-135m",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    *,
+    threads: int | None = None,
+    served_model_name: str | None = None,
+    max_model_len: int | None = None,
+    speculate: bool = True,
+    tree_drafts: bool = False,
+    default_max_tokens: int = 1024,
+    dtype: str = "float32",
+) -> None:
+    """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
+
+    Args:
+        model: a model name (``"smollm2-135m"``, fetched on first use) or a
+            Hugging Face model folder (see `agentspec.models.resolve_model`).
+        host, port: where to listen.
+        api_key: bearer token required on every ``/v1`` route.
+        threads: torch CPU threads (default `default_threads`).
+        served_model_name: the name clients use (default: ``model``).
+        max_model_len: longest prompt + output (default: the model's).
+        speculate: draft from stage shards unless a request turns it off.
+        tree_drafts: draft trees instead of chains.
+        default_max_tokens: output limit of requests that set none.
+        dtype: torch dtype of the weights.
+
+    Raises:
+        agentspec.models.ModelError: the model cannot be fetched or loaded.
+        OSError: the address cannot be bound.
+    """
+    import torch
+
+    from agentspec.models import DEFAULT_MODEL, MODEL_ALIASES, load_model
+
+    torch.set_num_threads(threads or default_threads())
+    loaded, tokenizer = load_model(model, dtype=dtype)
+    names: tuple[str, ...] = (served_model_name or str(model),)
+    if str(model).lower() in MODEL_ALIASES:
+        names += tuple(sorted({DEFAULT_MODEL, *MODEL_ALIASES} - set(names)))
+    options = EngineOptions(
+        max_model_len=max_model_len,
+        default_max_tokens=default_max_tokens,
+        speculate=speculate,
+        tree_drafts=tree_drafts,
+    )
+    server = EngineServer.create(
+        loaded, tokenizer, options, host, port, api_key=api_key, served_model_name=names
+    )
+    _log.info(
+        "agentspec.engine.serving",
+        url=server.base_url,
+        model=names[0],
+        threads=torch.get_num_threads(),
+        speculate=speculate,
+        tree_drafts=tree_drafts,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        server.engine.close()
