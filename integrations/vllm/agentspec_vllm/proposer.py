@@ -1,0 +1,388 @@
+"""`AgentSpecProposer`: agentspec's stage-aware SuffixDecoding drafts as a vLLM proposer.
+
+Load it with::
+
+    --speculative-config '{"method": "custom_class",
+                           "model": "agentspec_vllm.proposer.AgentSpecProposer",
+                           "num_speculative_tokens": 8}'
+
+vLLM's V1 model runner builds one instance per worker and, after every decode
+step's bookkeeping, calls ``propose(sampled_token_ids, num_tokens_no_spec,
+token_ids_cpu, slot_mappings=...)`` synchronously; row ``i`` of those arrays is
+``runner.input_batch.req_ids[i]`` and the answer is one draft (a list of token
+ids, possibly empty) per row.  The call carries no request ids, so the
+proposer binds the runner: through the worker extension's
+``init_worker_extension`` hook on vLLM >= 0.33, otherwise by finding the
+runner among its caller's frames on the first call.
+
+Per request the proposer keeps an `agentspec.Speculator` request (a cursor and
+a per-request tree over prompt + output), made when the request first shows
+up, which is during its prefill when the prompt is chunked.  Tags come from
+``SamplingParams.extra_args`` (``vllm_xargs`` in the OpenAI API):
+``agentspec_tenant``, ``agentspec_pipeline``, ``agentspec_stage`` and
+``agentspec_session``; untagged requests share the default shard
+``("default", None, None)``.  Each tenant has its own `Speculator`, so tenants
+never draft from each other's responses; within a tenant a request drafts
+from its stage shard, its pipeline tree and the stage's pushed shard (see
+`agentspec_vllm.shards`).  A request that left the runner's request table
+finished: its response is learned into its stage shard (behind its prompt's
+last tokens) and its cursor freed.
+
+Drafts never exceed ``num_speculative_tokens`` nor reach ``max_model_len``,
+requests still in prefill get none, and drafted ids are always below the
+model's vocabulary size (a pushed shard from another tokenizer cannot crash
+the engine).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from agentspec import Draft, DraftParams, ShardKey, Speculator, SuffixTree
+from agentspec._log import get_logger
+from agentspec._shardkey import DEFAULT_TENANT, check_key
+from agentspec.exceptions import InvalidArgumentError
+from agentspec_vllm.config import AgentSpecVllmConfig, load_config
+from agentspec_vllm.shards import pushed_tree, worker_intake
+
+__all__ = ["TAG_PIPELINE", "TAG_SESSION", "TAG_STAGE", "TAG_TENANT", "AgentSpecProposer"]
+
+_log = get_logger()
+
+TAG_TENANT = "agentspec_tenant"
+TAG_PIPELINE = "agentspec_pipeline"
+TAG_STAGE = "agentspec_stage"
+TAG_SESSION = "agentspec_session"
+
+#: How many caller frames the runner is looked for in (propose <- runner method <- closure).
+_FRAME_DEPTH = 4
+
+
+@dataclass
+class KeyStats:
+    """Counters of one shard key (tenant, pipeline, stage)."""
+
+    requests: int = 0
+    learned: int = 0
+    steps: int = 0  # decode steps drafted for (a draft may be empty)
+    drafts: int = 0  # non-empty drafts
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # of drafted tokens, those the target model confirmed
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The counters plus the acceptance rate (accepted / drafted)."""
+        rate = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return {
+            "requests": self.requests,
+            "learned": self.learned,
+            "steps": self.steps,
+            "drafts": self.drafts,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": rate,
+            "sources": dict(self.sources),
+        }
+
+
+@dataclass
+class _Active:
+    """One request the proposer tracks."""
+
+    state: Any  # the runner's request state object (identity tells a reused id apart)
+    key: ShardKey
+    session: str | None
+    prompt_len: int
+    fed: int  # tokens of the row given to the speculator so far
+    last_draft: int = 0  # length of the draft proposed at the previous step
+
+
+class AgentSpecProposer:
+    """vLLM ``custom_class`` proposer drafting from agentspec stage shards.
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig`` (read: ``speculative_config.
+            num_speculative_tokens``, ``model_config.max_model_len``,
+            ``model_config.get_vocab_size()``, ``additional_config``).
+
+    Not thread-safe: vLLM calls it from the worker's main thread only (RPCs
+    such as pushes run between steps in that same thread).
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        """Read the settings and make the worker's shard intake."""
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        if self.num_speculative_tokens < 1:
+            raise InvalidArgumentError(
+                f"num_speculative_tokens must be >= 1, not {self.num_speculative_tokens}"
+            )
+        model = vllm_config.model_config
+        self.max_model_len = int(model.max_model_len)
+        self.vocab_size = int(model.get_vocab_size())
+        self.config: AgentSpecVllmConfig = load_config(
+            getattr(vllm_config, "additional_config", None)
+        )
+        self.intake = worker_intake(self.config)
+        self._params: dict[int, DraftParams] = {}
+        self._tenants: dict[str, Speculator] = {}
+        self._active: dict[str, _Active] = {}
+        self._stats: dict[ShardKey, KeyStats] = {}
+        self._runner: Any = None
+        self._warned_unbound = False
+        self._bad_tags = 0
+        self.closed = False
+        _log.info(
+            "agentspec.vllm.proposer",
+            num_speculative_tokens=self.num_speculative_tokens,
+            max_model_len=self.max_model_len,
+            config=self.config.public(),
+        )
+
+    # --- vLLM interface -----------------------------------------------------
+
+    def load_model(self, target_model: Any) -> None:
+        """Nothing to load: the drafts come from suffix trees, not from a model."""
+
+    def bind_runner(self, runner: Any) -> None:
+        """Use ``runner`` (vLLM's model runner) for request ids and request state."""
+        self._runner = runner
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+        **_: Any,
+    ) -> list[list[int]]:
+        """One draft per row of the runner's input batch (see the module docstring)."""
+        if self.closed:
+            return [[] for _ in sampled_token_ids]
+        runner = self._runner if self._runner is not None else self._find_runner()
+        if runner is None:
+            if not self._warned_unbound:
+                self._warned_unbound = True
+                _log.error(
+                    "agentspec.vllm.unbound",
+                    reason="the model runner was not found: proposing no drafts",
+                )
+            return [[] for _ in sampled_token_ids]
+        requests: Mapping[str, Any] = runner.requests
+        batch = runner.input_batch
+        self.sweep(requests)
+        req_ids = batch.req_ids
+        num_prompt = batch.num_prompt_tokens
+        out: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            req_id = req_ids[i]
+            state = requests.get(req_id) if req_id is not None else None
+            if state is None:
+                out.append([])
+                continue
+            act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
+            out.append(
+                self._step(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
+            )
+        return out
+
+    # --- per request ----------------------------------------------------------
+
+    def _track(self, req_id: str, state: Any, prompt_len: int, row: Any) -> _Active:
+        """The tracked request of a row, started (or restarted) as needed."""
+        act = self._active.get(req_id)
+        if act is not None and act.state is state and act.prompt_len == prompt_len:
+            return act
+        if act is not None:  # the id now names another request, or its prompt changed
+            self._finish(req_id, learn=act.state is not state)
+        key, session = self._tags(state)
+        spec = self._speculator(key[0])
+        spec.start_request(req_id, row[:prompt_len], stage=key[2], pipeline=key[1])
+        act = self._active[req_id] = _Active(state, key, session, prompt_len, prompt_len)
+        self._key_stats(key).requests += 1
+        return act
+
+    def _step(
+        self, req_id: str, act: _Active, sampled: Sequence[int], n: int, row: Any
+    ) -> list[int]:
+        """Feed a row's new tokens and draft its next ones."""
+        stats = self._key_stats(act.key)
+        if act.last_draft and len(sampled):
+            stats.accepted_tokens += len(sampled) - 1
+        spec = self._tenants[act.key[0]]
+        if n > act.fed:
+            spec.extend(req_id, row[act.fed : n])
+            act.fed = n
+        act.last_draft = 0
+        cap = min(self.num_speculative_tokens, self.max_model_len - n - 1)
+        if not len(sampled) or cap <= 0:  # prefill chunk, discarded step or no room left
+            return []
+        draft, source = self._draft(spec, req_id, act.key, cap)
+        tokens = draft.token_ids
+        for j, tok in enumerate(tokens):
+            if not 0 <= tok < self.vocab_size:
+                tokens = tokens[:j]
+                break
+        stats.steps += 1
+        stats.sources[source] = stats.sources.get(source, 0) + 1
+        if tokens:
+            stats.drafts += 1
+            stats.drafted_tokens += len(tokens)
+        act.last_draft = len(tokens)
+        return tokens
+
+    def _draft(self, spec: Speculator, req_id: str, key: ShardKey, cap: int) -> tuple[Draft, str]:
+        """Draft from the request's trees plus its stage's pushed shard."""
+        params = self._params.get(cap)
+        if params is None:
+            params = self._params[cap] = DraftParams(
+                max_spec_tokens=cap,
+                alpha=self.config.alpha,
+                min_token_prob=self.config.min_token_prob,
+            )
+        pushed = pushed_tree(key)
+        extra: tuple[SuffixTree, ...] = () if pushed is None else (pushed,)
+        try:
+            return spec.draft_source(req_id, params, extra_trees=extra)
+        except RuntimeError:  # the pushed tree is being modified right now
+            return spec.draft_source(req_id, params)
+
+    def _tags(self, state: Any) -> tuple[ShardKey, str | None]:
+        """The shard key and session of a request, from its sampling params' extra_args."""
+        params = getattr(state, "sampling_params", None)
+        extra = getattr(params, "extra_args", None) or {}
+        if not isinstance(extra, Mapping):
+            return (DEFAULT_TENANT, None, None), None
+        try:
+            tenant = _tag(extra, TAG_TENANT)
+            key = check_key(
+                (
+                    DEFAULT_TENANT if tenant is None else tenant,
+                    _tag(extra, TAG_PIPELINE),
+                    _tag(extra, TAG_STAGE),
+                )
+            )
+            session = _tag(extra, TAG_SESSION)
+        except InvalidArgumentError as e:
+            self._bad_tags += 1
+            _log.warning("agentspec.vllm.bad_tags", error=str(e))
+            return (DEFAULT_TENANT, None, None), None
+        return key, session
+
+    def _speculator(self, tenant: str) -> Speculator:
+        spec = self._tenants.get(tenant)
+        if spec is None:
+            cfg = self.config
+            spec = self._tenants[tenant] = Speculator(
+                cfg.max_depth,
+                params=DraftParams(
+                    max_spec_tokens=self.num_speculative_tokens,
+                    alpha=cfg.alpha,
+                    min_token_prob=cfg.min_token_prob,
+                ),
+                local_tree=cfg.local_tree,
+                cold_tokens=cfg.cold_tokens,
+                max_shard_tokens=cfg.max_shard_tokens,
+                lead_tokens=cfg.lead_tokens,
+            )
+        return spec
+
+    def _key_stats(self, key: ShardKey) -> KeyStats:
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = KeyStats()
+        return stats
+
+    def _finish(self, req_id: str, *, learn: bool) -> None:
+        act = self._active.pop(req_id)
+        spec = self._tenants[act.key[0]]
+        learned = learn and self.config.learn and act.fed > act.prompt_len
+        spec.finish(req_id, learn=learned)
+        if learned:
+            self._key_stats(act.key).learned += 1
+
+    def sweep(self, requests: Mapping[str, Any] | None = None) -> int:
+        """Finish (and learn) every tracked request no longer in ``requests``.
+
+        ``requests`` defaults to the bound runner's request table.  A request
+        that is only paused (preempted, or not scheduled this step) stays in
+        that table and is kept.  Returns how many requests were finished.
+        """
+        if requests is None:
+            if self._runner is None:
+                return 0
+            requests = self._runner.requests
+        gone = [rid for rid, act in self._active.items() if requests.get(rid) is not act.state]
+        for rid in gone:
+            self._finish(rid, learn=True)
+        return len(gone)
+
+    def _find_runner(self) -> Any:
+        """The model runner among the callers' frames (vLLM < 0.33 has no init hook)."""
+        frame: FrameType | None = sys._getframe(2)  # skip _find_runner and propose
+        for _ in range(_FRAME_DEPTH):
+            if frame is None:
+                break
+            obj = frame.f_locals.get("self")
+            if getattr(obj, "drafter", None) is self and hasattr(obj, "requests"):
+                self._runner = obj
+                _log.info("agentspec.vllm.runner_bound", how="caller frame")
+                return obj
+            frame = frame.f_back
+        return None
+
+    # --- introspection --------------------------------------------------------
+
+    @property
+    def active_requests(self) -> frozenset[str]:
+        """Ids of the requests being tracked."""
+        return frozenset(self._active)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per shard key, learned shard sizes and the settings (JSON-ready)."""
+        keys = []
+        for key, st in sorted(self._stats.items(), key=lambda kv: _sort_key(kv[0])):
+            entry: dict[str, Any] = {"tenant": key[0], "pipeline": key[1], "stage": key[2]}
+            entry.update(st.to_json())
+            spec = self._tenants.get(key[0])
+            tree = spec.shard(stage=key[2], pipeline=key[1]) if spec is not None else None
+            entry["learned_tokens"] = tree.stats().tokens if tree is not None else 0
+            keys.append(entry)
+        return {
+            "bound": self._runner is not None,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "max_model_len": self.max_model_len,
+            "active_requests": len(self._active),
+            "sessions": len({a.session for a in self._active.values() if a.session}),
+            "tenants": sorted(self._tenants),
+            "bad_tags": self._bad_tags,
+            "keys": keys,
+            "config": self.config.public(),
+        }
+
+    def close(self) -> None:
+        """Free every request and shard (the proposer proposes nothing afterwards)."""
+        for spec in self._tenants.values():
+            spec.close()
+        self._tenants.clear()
+        self._active.clear()
+        self._runner = None
+        self.closed = True
+
+
+def _tag(extra: Mapping[str, Any], name: str) -> str | None:
+    """One tag value as a string (numbers are accepted and converted), or None."""
+    value = extra.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise InvalidArgumentError(f"{name} must be a string, not {type(value).__name__}")
+    return value if isinstance(value, str) else str(value)
+
+
+def _sort_key(key: ShardKey) -> tuple[str, str, str]:
+    return (key[0], key[1] or "", key[2] or "")

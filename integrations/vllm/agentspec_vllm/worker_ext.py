@@ -1,0 +1,95 @@
+"""`AgentSpecWorkerExtension`: agentspec's RPC methods on every vLLM worker.
+
+Load it with ``--worker-extension-cls agentspec_vllm.worker_ext.AgentSpecWorkerExtension``.
+vLLM mixes the class into its worker class, so its methods can be called on
+every worker through ``collective_rpc`` (``EngineClient.collective_rpc`` in
+the API server, ``LLM.collective_rpc`` in-process):
+
+* ``agentspec_handle(method, path, query, headers, body) -> (status, headers, body)``
+  answers one request of the shard push protocol (``/v1/agentspec/...``,
+  see docs/design-client.md) with the worker's `agentspec.ShardIntake`; the
+  API server's endpoint plugin forwards HTTP requests to it unchanged.
+* ``agentspec_stats() -> dict`` reports the proposer's counters per shard key
+  and the pushed shards.
+* ``init_worker_extension()`` is called by vLLM >= 0.33 once the model runner
+  exists; it binds the runner to the proposer (older versions bind it on the
+  first ``propose``).
+
+Every attribute is prefixed ``agentspec_`` (vLLM refuses an extension whose
+names collide with the worker's).  RPCs run between engine steps in the
+worker's main thread: generation pauses while a large push loads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from agentspec import ShardIntake
+from agentspec._log import get_logger
+from agentspec_vllm.config import load_config
+from agentspec_vllm.proposer import AgentSpecProposer
+from agentspec_vllm.shards import worker_intake
+
+__all__ = ["AgentSpecWorkerExtension"]
+
+_log = get_logger()
+
+
+class AgentSpecWorkerExtension:
+    """Mixin for vLLM's worker class (vLLM supplies ``model_runner`` and ``vllm_config``)."""
+
+    model_runner: Any
+    vllm_config: Any
+
+    def init_worker_extension(self) -> None:
+        """vLLM >= 0.33: bind the model runner to the agentspec proposer, if one is used."""
+        proposer = self.agentspec_proposer()
+        if proposer is not None:
+            proposer.bind_runner(self.model_runner)
+            _log.info("agentspec.vllm.runner_bound", how="init_worker_extension")
+
+    def agentspec_proposer(self) -> AgentSpecProposer | None:
+        """The worker's `AgentSpecProposer`, or None when speculation uses another method."""
+        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
+        return drafter if isinstance(drafter, AgentSpecProposer) else None
+
+    def agentspec_intake(self) -> ShardIntake:
+        """The worker's shard intake (made from the worker's settings on first use)."""
+        proposer = self.agentspec_proposer()
+        if proposer is not None:
+            return proposer.intake
+        return worker_intake(load_config(getattr(self.vllm_config, "additional_config", None)))
+
+    def agentspec_handle(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: Mapping[str, str],
+        body: bytes,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Answer one push-protocol request: ``(status, headers, body)``.
+
+        Bad input never raises: it becomes a 4xx answer (the shard is unchanged).
+        """
+        answer = self.agentspec_intake().handle(method, path, query, dict(headers), bytes(body))
+        return answer.status, dict(answer.headers), bytes(answer.body)
+
+    def agentspec_stats(self) -> dict[str, Any]:
+        """This worker's proposer counters and pushed shards (JSON-ready).
+
+        Finished requests are swept first, so their responses count as learned.
+        """
+        proposer = self.agentspec_proposer()
+        intake = self.agentspec_intake()
+        if proposer is not None:
+            proposer.sweep()
+        return {
+            "pid": os.getpid(),
+            "rank": getattr(self, "rank", None),
+            "instance": intake.instance,
+            "proposer": None if proposer is None else proposer.stats(),
+            "pushed": [shard.to_json() for shard in intake.shards()],
+        }

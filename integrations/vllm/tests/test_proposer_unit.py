@@ -1,0 +1,409 @@
+"""The proposer's logic on a real agentspec engine, without vLLM.
+
+vLLM's model runner is replaced by the few attributes the proposer reads
+(``requests[id].sampling_params.extra_args``, ``input_batch.req_ids`` /
+``num_prompt_tokens``, ``drafter``); `Loop` drives it like the runner's greedy
+decode loop: each step accepts the longest prefix of the previous draft that
+matches the request's predetermined output, plus one token, writes them into
+``token_ids_cpu`` and asks for the next drafts.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from agentspec_vllm.config import load_config
+from agentspec_vllm.proposer import AgentSpecProposer
+from agentspec_vllm.shards import reset_worker_intake
+from agentspec_vllm.worker_ext import AgentSpecWorkerExtension
+
+from agentspec import ShardIntake, Speculator, SuffixTree
+from agentspec._wire import SHARD_CONTENT_TYPE, SHARDS_PATH, SNAPSHOT_PATH, encode_key_query
+from agentspec.exceptions import InvalidArgumentError
+
+K = 8
+MAX_LEN = 256
+VOCAB = 1000
+PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+ANSWER = [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311, 312, 313, 314, 315, 316]
+# Steps to generate ANSWER when every draft is right: the prefill step samples
+# the first token without a draft, then each step accepts K drafted tokens + 1.
+BEST = 1 + -(-(len(ANSWER) - 1) // (K + 1))
+
+
+@pytest.fixture(autouse=True)
+def fresh_intake() -> Any:
+    """Each test gets its own worker intake (it is process-global, like in a worker)."""
+    reset_worker_intake()
+    yield
+    reset_worker_intake()
+
+
+def vllm_config(k: int = K, max_len: int = MAX_LEN, **agentspec: Any) -> Any:
+    """The parts of vLLM's VllmConfig the proposer reads."""
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: VOCAB),
+        additional_config={"agentspec": agentspec} if agentspec else {},
+    )
+
+
+class Loop:
+    """A stand-in for the runner: request table, input batch and greedy verification."""
+
+    def __init__(self, proposer: AgentSpecProposer, max_reqs: int = 8) -> None:
+        self.drafter = proposer
+        self.requests: dict[str, Any] = {}
+        self.token_ids_cpu = np.zeros((max_reqs, proposer.max_model_len), dtype=np.int32)
+        self.num_tokens_no_spec = np.zeros(max_reqs, dtype=np.int32)
+        self.num_prompt = np.zeros(max_reqs, dtype=np.int32)
+        self.rows: list[str] = []
+        self.answers: dict[str, list[int]] = {}
+        self.done: dict[str, int] = {}  # answer tokens produced so far
+        self.drafts: dict[str, list[int]] = {}
+        self.accepted: dict[str, int] = {}
+        self.steps: dict[str, int] = {}
+        proposer.bind_runner(self)
+
+    @property
+    def input_batch(self) -> Any:
+        return SimpleNamespace(req_ids=list(self.rows), num_prompt_tokens=self.num_prompt)
+
+    def add(self, req_id: str, prompt: list[int], answer: list[int], **tags: Any) -> None:
+        extra = {f"agentspec_{k}": v for k, v in tags.items()}
+        self.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra))
+        row = len(self.rows)
+        self.rows.append(req_id)
+        self.token_ids_cpu[row, : len(prompt)] = prompt
+        self.num_tokens_no_spec[row] = len(prompt)
+        self.num_prompt[row] = len(prompt)
+        self.answers[req_id] = answer
+        self.done[req_id] = 0
+        self.drafts[req_id] = []
+        self.accepted[req_id] = 0
+        self.steps[req_id] = 0
+
+    def remove(self, req_id: str) -> None:
+        """The request finished: it leaves the request table and the batch."""
+        del self.requests[req_id]
+        self._drop_row(req_id)
+
+    def _drop_row(self, req_id: str) -> None:
+        row = self.rows.index(req_id)
+        last = len(self.rows) - 1
+        for arr in (self.token_ids_cpu, self.num_tokens_no_spec, self.num_prompt):
+            arr[row] = arr[last]
+        self.rows[row] = self.rows[last]
+        self.rows.pop()
+
+    def step(self, prefill: frozenset[str] = frozenset()) -> list[list[int]]:
+        """One decode step for every row (rows in ``prefill`` sample nothing)."""
+        sampled: list[list[int]] = []
+        for row, rid in enumerate(self.rows):
+            answer, done = self.answers[rid], self.done[rid]
+            if rid in prefill or done >= len(answer):
+                sampled.append([])
+                continue
+            good = 0
+            for tok in self.drafts[rid]:
+                if done + good + 1 < len(answer) and tok == answer[done + good]:
+                    good += 1
+                else:
+                    break
+            new = answer[done : done + good + 1]
+            n = int(self.num_tokens_no_spec[row])
+            self.token_ids_cpu[row, n : n + len(new)] = new
+            self.num_tokens_no_spec[row] = n + len(new)
+            self.done[rid] = done + len(new)
+            self.accepted[rid] += good
+            self.steps[rid] += 1
+            sampled.append(new)
+        drafts = self.drafter.propose(sampled, self.num_tokens_no_spec, self.token_ids_cpu)
+        assert len(drafts) == len(self.rows)
+        for rid, d in zip(self.rows, drafts, strict=True):
+            self.drafts[rid] = d
+        return drafts
+
+    def run(self, req_id: str, prompt: list[int], answer: list[int], **tags: Any) -> int:
+        """Generate one request to its end; returns its decode steps."""
+        self.add(req_id, prompt, answer, **tags)
+        while self.done[req_id] < len(answer):
+            self.step()
+        self.remove(req_id)
+        return self.steps[req_id]
+
+
+def test_drafts_respect_k_and_learn_a_stage() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    first = loop.run("a", PROMPT, ANSWER, stage="SQL", pipeline="t2s")
+    loop.step()  # the next step sweeps "a" out: its response is learned
+    assert proposer.active_requests == frozenset()
+    second = loop.run("b", PROMPT, ANSWER, stage="SQL", pipeline="t2s")
+    # Without history every token costs a step; with the learned response every
+    # draft (at most K tokens) is right.
+    assert first == len(ANSWER)
+    assert second == BEST
+    stats = {(e["pipeline"], e["stage"]): e for e in proposer.stats()["keys"]}
+    sql = stats[("t2s", "SQL")]
+    assert sql["requests"] == 2
+    assert sql["learned"] == 1  # "b" is swept at the next step
+    assert sql["sources"].get("stage", 0) >= 1
+    assert sql["accepted_tokens"] == loop.accepted["b"] == len(ANSWER) - second
+
+
+def test_other_stage_and_other_tenant_do_not_use_the_shard() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.run("a", PROMPT, ANSWER, stage="SQL", pipeline="t2s", tenant="acme")
+    loop.step()
+    same = loop.run("b", PROMPT, ANSWER, stage="SQL", pipeline="t2s", tenant="acme")
+    other_stage = loop.run("c", PROMPT, ANSWER, stage="Classify", pipeline="other", tenant="acme")
+    other_tenant = loop.run("d", PROMPT, ANSWER, stage="SQL", pipeline="t2s", tenant="zeta")
+    untagged = loop.run("e", PROMPT, ANSWER)
+    assert same == BEST
+    assert other_stage == other_tenant == untagged == len(ANSWER)
+    assert proposer.stats()["tenants"] == ["acme", "default", "zeta"]
+
+
+def test_prefill_rows_get_no_draft_and_requests_start_during_prefill() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.add("a", PROMPT, ANSWER, stage="S")
+    drafts = loop.step(prefill=frozenset({"a"}))
+    assert drafts == [[]]
+    assert proposer.active_requests == {"a"}  # tree built while the prompt is prefilled
+
+
+def test_never_drafts_past_max_model_len() -> None:
+    max_len = len(PROMPT) + 6
+    proposer = AgentSpecProposer(vllm_config(max_len=max_len))
+    loop = Loop(proposer)
+    repeat = ANSWER[:5] * 4
+    loop.run("a", PROMPT, repeat[:5], stage="S")
+    loop.step()
+    loop.add("b", PROMPT, repeat, stage="S")
+    while loop.done["b"] < 5:
+        drafts = loop.step()
+        n = int(loop.num_tokens_no_spec[0])
+        assert len(drafts[0]) <= max(0, max_len - n - 1)
+    row = loop.rows.index("b")
+    loop.num_tokens_no_spec[row] = max_len - 1
+    assert loop.step()[row] == []
+
+
+def test_left_requests_are_finished_paused_ones_kept_and_reused_ids_restarted() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.add("a", PROMPT, ANSWER, stage="S")
+    loop.add("b", PROMPT, ANSWER, stage="S")
+    loop.step()
+    loop.step()
+    loop._drop_row("b")  # preempted: out of the batch, still in the request table
+    loop.step()
+    assert proposer.active_requests == {"a", "b"}
+    loop.remove("a")
+    del loop.requests["b"]
+    loop.add("c", PROMPT, ANSWER)
+    loop.step()
+    assert proposer.active_requests == {"c"}
+    # Same id, new request object (aborted and resubmitted): the old one is finished.
+    old = loop.requests["c"]
+    loop.requests["c"] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args={}))
+    loop.step()
+    assert proposer.active_requests == {"c"}
+    stats = proposer.stats()["keys"]
+    assert sum(e["requests"] for e in stats) == 4
+    assert old is not loop.requests["c"]
+    assert proposer.sweep({}) == 1
+    assert proposer.active_requests == frozenset()
+
+
+def test_bad_tags_fall_back_to_the_default_shard() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.add("a", PROMPT, ANSWER, stage="bad\x01stage")
+    loop.add("b", PROMPT, ANSWER, stage=["list"])
+    loop.add("c", PROMPT, ANSWER, stage=7, pipeline=1.5)
+    loop.step()
+    stats = proposer.stats()
+    assert stats["bad_tags"] == 2
+    keys = {(e["tenant"], e["pipeline"], e["stage"]): e["requests"] for e in stats["keys"]}
+    assert keys == {("default", None, None): 2, ("default", "1.5", "7"): 1}
+
+
+def _snapshot(tokens: list[int], depth: int = 64) -> bytes:
+    tree = SuffixTree(depth)
+    tree.add(1, tokens)
+    data = tree.to_bytes()
+    tree.close()
+    return bytes(data)
+
+
+class Worker(AgentSpecWorkerExtension):
+    """The attributes of vLLM's worker the extension uses."""
+
+    def __init__(self, runner: Any, config: Any) -> None:
+        self.model_runner = runner
+        self.vllm_config = config
+
+
+def _push(worker: Worker, key: tuple[str, str | None, str | None], data: bytes) -> int:
+    status, headers, _ = worker.agentspec_handle(
+        "PUT", SNAPSHOT_PATH, encode_key_query(key), {"Content-Type": SHARD_CONTENT_TYPE}, data
+    )
+    assert headers["Content-Type"].startswith("application/json")
+    return status
+
+
+def test_pushed_stage_shard_is_drafted_from_through_the_worker_extension() -> None:
+    config = vllm_config()
+    proposer = AgentSpecProposer(config)
+    loop = Loop(proposer)
+    worker = Worker(loop, config)
+    assert worker.agentspec_intake() is proposer.intake
+    assert _push(worker, ("acme", "t2s", "SQL"), _snapshot(PROMPT[-8:] + ANSWER)) == 200
+    pushed = loop.run("a", PROMPT, ANSWER, stage="SQL", pipeline="t2s", tenant="acme")
+    elsewhere = loop.run("b", PROMPT, ANSWER, stage="SQL", pipeline="t2s", tenant="other")
+    assert pushed == BEST
+    assert elsewhere == len(ANSWER)
+    stats = worker.agentspec_stats()
+    assert stats["instance"] == proposer.intake.instance
+    assert [(s["tenant"], s["stage"]) for s in stats["pushed"]] == [("acme", "SQL")]
+    acme = next(e for e in stats["proposer"]["keys"] if e["tenant"] == "acme")
+    assert acme["sources"].get("extra", 0) >= 1
+    assert stats["proposer"]["active_requests"] == 0  # the stats call swept "b"
+    status, _, body = worker.agentspec_handle("GET", SHARDS_PATH, "", {}, b"")
+    assert status == 200
+    assert b'"acme"' in body
+
+
+def test_intake_errors_come_back_as_answers() -> None:
+    config = vllm_config(api_key="sekret")
+    proposer = AgentSpecProposer(config)
+    worker = Worker(Loop(proposer), config)
+    assert _push(worker, ("default", None, "S"), _snapshot(ANSWER)) == 401
+    status, _, _ = worker.agentspec_handle(
+        "PUT",
+        SNAPSHOT_PATH,
+        "stage=S",
+        {"Authorization": "Bearer sekret", "Content-Type": SHARD_CONTENT_TYPE},
+        b"not a shard",
+    )
+    assert status == 400
+    status, _, _ = worker.agentspec_handle(
+        "PUT",
+        SNAPSHOT_PATH,
+        "stage=S",
+        {"Authorization": "Bearer sekret", "Content-Type": SHARD_CONTENT_TYPE},
+        _snapshot(ANSWER, depth=32),
+    )
+    assert status == 409  # the worker's trees have depth 64
+
+
+def test_pushed_tokens_outside_the_vocabulary_are_cut() -> None:
+    config = vllm_config()
+    proposer = AgentSpecProposer(config)
+    loop = Loop(proposer)
+    worker = Worker(loop, config)
+    bad = [*ANSWER[:3], VOCAB + 5, *ANSWER[3:]]
+    assert _push(worker, ("default", None, "S"), _snapshot(PROMPT[-8:] + bad)) == 200
+    loop.add("a", PROMPT, ANSWER, stage="S")
+    loop.step()
+    assert loop.drafts["a"] == ANSWER[1:3]
+
+
+def test_worker_extension_without_the_proposer_still_takes_pushes() -> None:
+    config = vllm_config(max_depth=32)
+    worker = Worker(SimpleNamespace(drafter=None), config)
+    assert worker.agentspec_proposer() is None
+    assert _push(worker, ("default", None, "S"), _snapshot(ANSWER, depth=32)) == 200
+    stats = worker.agentspec_stats()
+    assert stats["proposer"] is None
+    assert len(stats["pushed"]) == 1
+
+
+def test_runner_is_found_in_the_callers_frame() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+
+    class Runner:
+        def __init__(self) -> None:
+            self.drafter = proposer
+            self.requests = {"x": SimpleNamespace(sampling_params=None)}
+            self.input_batch = SimpleNamespace(req_ids=["x"], num_prompt_tokens=[3])
+
+        def propose_draft_token_ids(self) -> list[list[int]]:
+            tokens = np.array([[5, 6, 7, 8]], dtype=np.int32)
+            return self.drafter.propose([[8]], np.array([4]), tokens, slot_mappings=None)
+
+    runner = Runner()
+    assert runner.propose_draft_token_ids() == [[]]
+    assert proposer.stats()["bound"] is True
+    assert proposer.active_requests == {"x"}
+
+
+def test_unbound_proposer_proposes_nothing() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    tokens = np.array([[5, 6, 7, 8]], dtype=np.int32)
+    assert proposer.propose([[8]], np.array([4]), tokens) == [[]]
+    proposer.close()
+    assert proposer.propose([[8]], np.array([4]), tokens) == [[]]
+
+
+def test_config_sources_and_errors() -> None:
+    env = {
+        "AGENTSPEC_VLLM_ALPHA": "2.5",
+        "AGENTSPEC_API_KEY": "sk-xyzzy",
+        "AGENTSPEC_VLLM_LEARN": "no",
+    }
+    cfg = load_config({"agentspec": {"alpha": 1.5, "max_depth": 32}}, env)
+    assert (cfg.alpha, cfg.max_depth, cfg.api_key, cfg.learn) == (1.5, 32, "sk-xyzzy", False)
+    assert cfg.public()["api_key"] is True
+    assert "xyzzy" not in repr(cfg)
+    assert load_config(None, {}).max_shard_tokens is None
+    assert load_config({}, {"AGENTSPEC_VLLM_MAX_SHARD_TOKENS": "100"}).max_shard_tokens == 100
+    with pytest.raises(InvalidArgumentError, match="unknown agentspec setting"):
+        load_config({"agentspec": {"depth": 3}}, {})
+    with pytest.raises(InvalidArgumentError, match="max_depth"):
+        load_config({"agentspec": {"max_depth": "deep"}}, {})
+    with pytest.raises(InvalidArgumentError, match="min_token_prob"):
+        load_config({}, {"AGENTSPEC_VLLM_MIN_TOKEN_PROB": "2"})
+    with pytest.raises(InvalidArgumentError, match="JSON object"):
+        load_config({"agentspec": [1]}, {})
+    with pytest.raises(InvalidArgumentError, match="num_speculative_tokens"):
+        AgentSpecProposer(vllm_config(k=0))
+
+
+def test_learning_can_be_switched_off() -> None:
+    proposer = AgentSpecProposer(vllm_config(learn=False))
+    loop = Loop(proposer)
+    loop.run("a", PROMPT, ANSWER, stage="S")
+    loop.step()
+    assert loop.run("b", PROMPT, ANSWER, stage="S") == len(ANSWER)
+
+
+def test_speculator_extra_trees_are_checked() -> None:
+    with Speculator(16) as spec:
+        spec.start_request("r", PROMPT)
+        trees = [SuffixTree(16) for _ in range(3)]
+        try:
+            with pytest.raises(InvalidArgumentError, match="extra trees"):
+                spec.draft("r", extra_trees=trees)
+            with pytest.raises(TypeError, match="SuffixTree"):
+                spec.draft("r", extra_trees=[object()])  # type: ignore[list-item]
+            trees[0].add(1, [*PROMPT[-4:], 1, 2, 3])
+            draft, source = spec.draft_source("r", extra_trees=trees[:1])
+            assert (draft.token_ids, source) == ([1, 2, 3], "extra")
+        finally:
+            for t in trees:
+                t.close()
+
+
+def test_intake_is_shared_per_process() -> None:
+    a = AgentSpecProposer(vllm_config())
+    b = AgentSpecProposer(vllm_config())
+    assert a.intake is b.intake
+    assert isinstance(a.intake, ShardIntake)
