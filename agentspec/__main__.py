@@ -2,6 +2,9 @@
 
 Subcommands:
 
+- ``agentspec demo``: the text-to-SQL agent pipeline on the embedded engine
+  (or ``--base-url``), speculation off then on, identical outputs checked,
+  per-stage speedups (`agentspec.cli_demo`);
 - ``agentspec bench replay TRACES...``: replay traces through a simulated
   greedy verifier for several drafting methods (`agentspec.bench.replay`);
 - ``agentspec bench entropy TRACES...``: the per-stage entropy predictor
@@ -27,7 +30,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
-    from agentspec import cli_push, cli_shards, cli_vllm
+    from agentspec import cli_demo, cli_push, cli_shards, cli_vllm
     from agentspec.bench import entropy, replay
 
     parser = argparse.ArgumentParser(
@@ -35,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="agentspec: model-free speculative decoding with suffix trees.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    dp = sub.add_parser(
+        "demo",
+        help="the text-to-SQL agent on a real model, speculation off then on",
+        description=(cli_demo.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cli_demo.add_arguments(dp)
+    dp.set_defaults(func=cli_demo.run_cli)
     bench = sub.add_parser(
         "bench",
         help="offline benchmarks on recorded traces",

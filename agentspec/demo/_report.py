@@ -1,0 +1,610 @@
+"""What `agentspec demo` measured: call records, the identity check, per-stage numbers, outputs.
+
+The runner (`agentspec.demo._run`) records every model call of both runs as a
+`CallRecord`.  This module
+
+- checks that the two runs produced the same outputs (`compare_runs`: every
+  call's text and token ids, keyed by question, stage and request messages);
+- attributes wall time to calls (`attribute_exclusive_time`): each moment of
+  a question's run is charged to the call that finishes next, so stages whose
+  calls overlap (the parallel SQL stages) are not counted twice; for a server
+  that runs one request at a time, like the embedded engine, this is each
+  call's own service time;
+- sums per stage and overall (`build_report`) and renders the results as a
+  text table (`format_table`), JSON (`DemoReport.to_json`) and a PNG chart
+  (`write_chart`, when matplotlib is installed).
+
+Speedups are ratios of measured wall times, never derived from step counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ACCEPTANCE",
+    "CallRecord",
+    "Check",
+    "DemoReport",
+    "Mismatch",
+    "QuestionTiming",
+    "StageSummary",
+    "attribute_exclusive_time",
+    "build_report",
+    "compare_runs",
+    "format_table",
+    "write_chart",
+    "write_outputs",
+]
+
+OFF, ON = "off", "on"
+#: Acceptance thresholds: (check name, stage or "overall", minimum).
+ACCEPTANCE: tuple[tuple[str, str, float], ...] = (
+    ("tokens per step, Extract (settled)", "Extract", 3.0),
+    ("tokens per step, overall (settled)", "overall", 2.0),
+    ("wall-clock speedup, overall", "wall", 1.0),
+)
+_STAGE_ORDER = ("Classify", "Extract", "Enrich")
+_LATE_STAGES = ("SQL-fix", "Combine")
+
+
+@dataclass
+class CallRecord:
+    """One model call as seen on the wire.
+
+    ``run`` is ``"off"`` (speculation off) or ``"on"``; ``question`` the
+    question's index; ``request_key`` a digest of the request's messages
+    (equal requests in both runs have equal keys).  ``steps`` / ``drafted`` /
+    ``accepted`` / ``speculate`` come from the response's ``agentspec`` field
+    (None when the server sent none).  ``started`` / ``ended`` are
+    ``time.perf_counter()`` values; ``exclusive_s`` is set by
+    `attribute_exclusive_time`.  ``error`` says why a call failed.
+    """
+
+    run: str
+    question: int
+    session: str
+    stage: str
+    request_key: str
+    text: str | None = None
+    token_ids: list[int] | None = None
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    steps: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    speculate: bool | None = None
+    finish_reason: str | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    error: str | None = None
+    exclusive_s: float = 0.0
+
+    @property
+    def key(self) -> tuple[int, str, str]:
+        """``(question, stage, request_key)``: what identifies the call across runs."""
+        return (self.question, self.stage, self.request_key)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A difference between the runs: ``what`` differs for ``stage`` of ``session``."""
+
+    session: str
+    stage: str
+    what: str
+    detail: str
+
+    def __str__(self) -> str:
+        """``session stage: what (detail)``."""
+        return f"{self.session} {self.stage}: {self.what} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class QuestionTiming:
+    """One question's measured wall time in each run, and its final query per run."""
+
+    session: str
+    db_id: str
+    seconds_off: float
+    seconds_on: float
+    final_sql_off: str | None = None
+    final_sql_on: str | None = None
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """Per-stage (or overall) sums over both runs.
+
+    ``tokens`` are completion tokens (of the "on" run; equal to the "off"
+    run's when the outputs match).  ``tokens_per_step`` is tokens over
+    verification steps in the "on" run; ``settled`` the same over the
+    questions from `DemoReport.settled_from` on.  ``seconds_off`` /
+    ``seconds_on`` are attributed wall times; ``speedup`` their ratio.
+    ``capped`` counts calls that stopped at ``max_tokens``.
+    """
+
+    stage: str
+    calls: int
+    tokens: int
+    steps_off: int | None
+    steps_on: int | None
+    drafted_on: int | None
+    accepted_on: int | None
+    tokens_per_step: float | None
+    settled_tokens_per_step: float | None
+    seconds_off: float
+    seconds_on: float
+    speedup: float | None
+    capped: int
+
+
+@dataclass(frozen=True)
+class Check:
+    """One acceptance check: ``value`` against ``minimum`` (value None: not measurable)."""
+
+    name: str
+    value: float | None
+    minimum: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the value is known and above the minimum (``>=``; speedup: ``>``)."""
+        if self.value is None:
+            return False
+        return self.value > self.minimum if "speedup" in self.name else self.value >= self.minimum
+
+
+@dataclass
+class DemoReport:
+    """Everything `agentspec demo` reports; `to_json` is what ``report.json`` holds."""
+
+    model: str
+    server: str
+    source: str
+    questions: list[QuestionTiming]
+    stages: list[StageSummary]
+    overall: StageSummary
+    wall_off: float
+    wall_on: float
+    settled_from: int
+    per_question_tokens_per_step: list[float | None]
+    per_question_extract_tokens_per_step: list[float | None]
+    mismatches: list[Mismatch] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        """Measured wall time off over on, for the whole run."""
+        return self.wall_off / self.wall_on if self.wall_on > 0 else None
+
+    @property
+    def median_question_speedup(self) -> float | None:
+        """The median over questions of their measured off / on wall times.
+
+        Less sensitive than `speedup` to a burst of load from other processes
+        during one question of one run.
+        """
+        ratios = sorted(q.seconds_off / q.seconds_on for q in self.questions if q.seconds_on > 0)
+        if not ratios:
+            return None
+        mid = len(ratios) // 2
+        return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+    @property
+    def identical(self) -> bool:
+        """Whether both runs produced the same outputs (and nothing failed)."""
+        return not self.mismatches and not self.errors
+
+    def checks(self) -> list[Check]:
+        """The acceptance checks of `ACCEPTANCE` on these numbers."""
+        by_stage = {s.stage: s for s in self.stages}
+        out: list[Check] = []
+        for name, where, minimum in ACCEPTANCE:
+            if where == "wall":
+                value = self.speedup
+            elif where == "overall":
+                value = self.overall.settled_tokens_per_step
+            else:
+                row = by_stage.get(where)
+                value = row.settled_tokens_per_step if row is not None else None
+            out.append(Check(name, value, minimum))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON data."""
+        return {
+            "model": self.model,
+            "server": self.server,
+            "source": self.source,
+            "settings": self.settings,
+            "identical": self.identical,
+            "mismatches": [asdict(m) for m in self.mismatches],
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+            "wall_seconds": {OFF: self.wall_off, ON: self.wall_on},
+            "speedup": self.speedup,
+            "median_question_speedup": self.median_question_speedup,
+            "settled_from_question": self.settled_from,
+            "stages": [asdict(s) for s in self.stages],
+            "overall": asdict(self.overall),
+            "per_question": [
+                {
+                    **asdict(q),
+                    "tokens_per_step": tps,
+                    "extract_tokens_per_step": ext,
+                }
+                for q, tps, ext in zip(
+                    self.questions,
+                    self.per_question_tokens_per_step,
+                    self.per_question_extract_tokens_per_step,
+                    strict=True,
+                )
+            ],
+            "checks": [{**asdict(c), "ok": c.ok} for c in self.checks()],
+        }
+
+
+# --- comparing and timing ------------------------------------------------------------------
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _snippet(text: str | None, at: int) -> str:
+    if text is None:
+        return "None"
+    return repr(text[max(0, at - 20) : at + 30])
+
+
+def compare_runs(
+    off: Iterable[CallRecord],
+    on: Iterable[CallRecord],
+    timings: Sequence[QuestionTiming] = (),
+) -> list[Mismatch]:
+    """Every difference between the runs' calls (and final queries), in question order.
+
+    Calls are matched by `CallRecord.key`; a call made in one run only is a
+    mismatch (an earlier output differed, so a later request did too), as is
+    a different text or different token ids.  Token ids are compared when
+    both calls have them.
+    """
+    off_by = {r.key: r for r in off}
+    on_by = {r.key: r for r in on}
+    out: list[Mismatch] = []
+    for key in sorted(off_by.keys() | on_by.keys()):
+        a, b = off_by.get(key), on_by.get(key)
+        if a is None or b is None:
+            rec = a or b
+            assert rec is not None
+            run = OFF if a is not None else ON
+            out.append(
+                Mismatch(rec.session, rec.stage, f"request made only in the '{run}' run", key[2])
+            )
+            continue
+        if a.text != b.text:
+            at = _first_difference(a.text or "", b.text or "")
+            out.append(
+                Mismatch(
+                    a.session,
+                    a.stage,
+                    "output text differs",
+                    f"at char {at}: off {_snippet(a.text, at)} vs on {_snippet(b.text, at)}",
+                )
+            )
+        elif a.token_ids is not None and b.token_ids is not None and a.token_ids != b.token_ids:
+            at = _first_difference(a.token_ids, b.token_ids)
+            out.append(
+                Mismatch(
+                    a.session,
+                    a.stage,
+                    "token ids differ",
+                    f"at token {at}: off {a.token_ids[at : at + 5]} "
+                    f"vs on {b.token_ids[at : at + 5]}",
+                )
+            )
+    for q in timings:
+        if q.final_sql_off != q.final_sql_on:
+            out.append(
+                Mismatch(
+                    q.session,
+                    "final",
+                    "final query differs",
+                    f"{q.final_sql_off!r} vs {q.final_sql_on!r}",
+                )
+            )
+    return out
+
+
+def attribute_exclusive_time(records: Iterable[CallRecord]) -> None:
+    """Set each record's ``exclusive_s``: the wall time charged to it (in place).
+
+    Within one run and question, calls are taken in the order they ended;
+    a call gets the time from the later of its start and the previous end
+    to its own end.  Overlapping calls are so never counted twice, and for
+    a server that serves one request at a time the result is each call's
+    service time (plus its HTTP round trip).
+    """
+    groups: dict[tuple[str, int], list[CallRecord]] = {}
+    for rec in records:
+        groups.setdefault((rec.run, rec.question), []).append(rec)
+    for group in groups.values():
+        group.sort(key=lambda r: r.ended)
+        last = float("-inf")
+        for rec in group:
+            rec.exclusive_s = max(0.0, rec.ended - max(rec.started, last))
+            last = max(last, rec.ended)
+
+
+# --- summing -------------------------------------------------------------------------------
+
+
+def _stage_order(stages: Iterable[str]) -> list[str]:
+    def rank(stage: str) -> tuple[int, int, str]:
+        if stage in _STAGE_ORDER:
+            return (_STAGE_ORDER.index(stage), 0, stage)
+        if stage in _LATE_STAGES:
+            return (len(_STAGE_ORDER) + 1 + _LATE_STAGES.index(stage), 0, stage)
+        digits = stage[3:] if stage.startswith("SQL") else ""
+        if digits.isdigit():
+            return (len(_STAGE_ORDER), int(digits), stage)
+        return (len(_STAGE_ORDER) + 1 + len(_LATE_STAGES), 0, stage)
+
+    return sorted(set(stages), key=rank)
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    vals = list(values)
+    if not vals or any(v is None for v in vals):
+        return None
+    return sum(v for v in vals if v is not None)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _summary(
+    name: str, off: Sequence[CallRecord], on: Sequence[CallRecord], settled_from: int
+) -> StageSummary:
+    tokens = sum(r.completion_tokens for r in on)
+    steps_on = _sum_known(r.steps for r in on)
+    settled = [r for r in on if r.question >= settled_from]
+    settled_steps = _sum_known(r.steps for r in settled)
+    seconds_off = sum(r.exclusive_s for r in off)
+    seconds_on = sum(r.exclusive_s for r in on)
+    return StageSummary(
+        stage=name,
+        calls=len(on),
+        tokens=tokens,
+        steps_off=_sum_known(r.steps for r in off),
+        steps_on=steps_on,
+        drafted_on=_sum_known(r.drafted for r in on),
+        accepted_on=_sum_known(r.accepted for r in on),
+        tokens_per_step=_ratio(tokens, steps_on),
+        settled_tokens_per_step=_ratio(sum(r.completion_tokens for r in settled), settled_steps),
+        seconds_off=seconds_off,
+        seconds_on=seconds_on,
+        speedup=_ratio(seconds_off, seconds_on),
+        capped=sum(r.finish_reason == "length" for r in on),
+    )
+
+
+def _per_question(on: Sequence[CallRecord], n: int, stage: str | None) -> list[float | None]:
+    out: list[float | None] = []
+    for i in range(n):
+        recs = [r for r in on if r.question == i and (stage is None or r.stage == stage)]
+        out.append(
+            _ratio(sum(r.completion_tokens for r in recs), _sum_known(r.steps for r in recs))
+        )
+    return out
+
+
+def build_report(
+    off: Sequence[CallRecord],
+    on: Sequence[CallRecord],
+    timings: Sequence[QuestionTiming],
+    *,
+    model: str,
+    server: str,
+    source: str,
+    settled_from: int = 2,
+    settings: Mapping[str, Any] | None = None,
+) -> DemoReport:
+    """Compare the runs, attribute wall time and sum per stage and overall.
+
+    ``timings`` are the questions' measured wall times (their sums are the
+    overall wall times); ``settled_from`` is the first question counted in
+    the "settled" tokens per step (the shards learn during the first ones).
+    """
+    attribute_exclusive_time([*off, *on])
+    mismatches = compare_runs(off, on, timings)
+    errors = [f"{r.run} run, {r.session} {r.stage}: {r.error}" for r in (*off, *on) if r.error]
+    warnings: list[str] = []
+    if any(r.steps is None for r in on):
+        warnings.append(
+            "the server sent no 'agentspec' step counts for some calls: tokens per step unknown"
+        )
+    wrong_off = [r for r in off if r.speculate is True]
+    wrong_on = [r for r in on if r.speculate is False]
+    if wrong_off:
+        errors.append(
+            f"the server drafted in {len(wrong_off)} call(s) of the 'off' run: it ignores "
+            "vllm_xargs.agentspec_speculate=false, so the baseline is not plain decoding"
+        )
+    if wrong_on:
+        warnings.append(
+            f"the server did not draft in {len(wrong_on)} call(s) of the 'on' run "
+            "(speculation disabled on the server?)"
+        )
+    stages = [
+        _summary(
+            stage,
+            [r for r in off if r.stage == stage],
+            [r for r in on if r.stage == stage],
+            settled_from,
+        )
+        for stage in _stage_order(r.stage for r in (*off, *on))
+    ]
+    n = len(timings)
+    return DemoReport(
+        model=model,
+        server=server,
+        source=source,
+        questions=list(timings),
+        stages=stages,
+        overall=_summary("overall", off, on, settled_from),
+        wall_off=sum(q.seconds_off for q in timings),
+        wall_on=sum(q.seconds_on for q in timings),
+        settled_from=settled_from,
+        per_question_tokens_per_step=_per_question(on, n, None),
+        per_question_extract_tokens_per_step=_per_question(on, n, "Extract"),
+        mismatches=mismatches,
+        errors=errors,
+        warnings=warnings,
+        settings=dict(settings or {}),
+    )
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def _f(value: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _i(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def format_table(report: DemoReport) -> str:
+    """The per-stage table, the overall line and the acceptance checks, as text."""
+    settled = f"q>={report.settled_from + 1}"
+    head = (
+        f"{'stage':<10} {'calls':>5} {'tokens':>7} {'steps off':>9} {'steps on':>8} "
+        f"{'tok/step':>8} {settled:>8} {'capped':>6} {'time off':>9} {'time on':>8} "
+        f"{'speedup':>7}"
+    )
+    lines = [head, "-" * len(head)]
+
+    def row(s: StageSummary, speedup: float | None) -> str:
+        return (
+            f"{s.stage:<10} {s.calls:>5} {s.tokens:>7} {_i(s.steps_off):>9} "
+            f"{_i(s.steps_on):>8} {_f(s.tokens_per_step):>8} "
+            f"{_f(s.settled_tokens_per_step):>8} {s.capped:>6} {s.seconds_off:>8.1f}s "
+            f"{s.seconds_on:>7.1f}s {_f(speedup):>6}x"
+        )
+
+    lines.extend(row(s, s.speedup) for s in report.stages)
+    lines.append("-" * len(head))
+    lines.append(row(report.overall, report.overall.speedup))
+    lines.append(
+        f"wall clock: {report.wall_off:.1f}s off, {report.wall_on:.1f}s on "
+        f"-> {_f(report.speedup)}x measured speedup over {len(report.questions)} questions "
+        f"(median per question {_f(report.median_question_speedup)}x)"
+    )
+    lines.append(
+        "  stage times: the wall time charged to each stage's calls (overlapping calls counted "
+        "once); the rest of the wall clock is client-side work"
+    )
+    for check in report.checks():
+        state = "ok" if check.ok else "MISSED"
+        lines.append(f"  [{state}] {check.name}: {_f(check.value)} (wanted >= {check.minimum:g})")
+    return "\n".join(lines)
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_chart(report: DemoReport, path: str | Path) -> Path | None:
+    """Write the PNG chart (tokens per step, speedup per stage, learning curve).
+
+    Returns the path, or None when matplotlib is not installed.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    rows = [*report.stages, report.overall]
+    names = [s.stage for s in rows]
+    tps = [s.tokens_per_step or 0.0 for s in rows]
+    speed = [s.speedup or 0.0 for s in report.stages] + [report.speedup or 0.0]
+    fig, axes = plt.subplots(1, 3, figsize=(15.0, 4.2))
+    try:
+        ax = axes[0]
+        ax.bar(names, tps, color=["tab:blue"] * (len(rows) - 1) + ["tab:gray"])
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_title("tokens per verification step (speculation on)")
+        ax.tick_params(axis="x", rotation=45)
+        ax = axes[1]
+        ax.bar(names, speed, color=["tab:green"] * (len(rows) - 1) + ["tab:gray"])
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_title("measured wall-clock speedup (overall: whole run)")
+        ax.tick_params(axis="x", rotation=45)
+        ax = axes[2]
+        xs = list(range(1, len(report.questions) + 1))
+        for label, values in (
+            ("all stages", report.per_question_tokens_per_step),
+            ("Extract", report.per_question_extract_tokens_per_step),
+        ):
+            ax.plot(xs, [v if v is not None else float("nan") for v in values], "o-", label=label)
+        ax.set_xlabel("question")
+        ax.set_title("tokens per step as the shards learn")
+        ax.legend()
+        fig.suptitle(f"agentspec demo: {report.model} on {report.server}")
+        fig.tight_layout()
+        out = Path(path)
+        fig.savefig(out, dpi=110)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def write_outputs(
+    report: DemoReport,
+    out_dir: str | Path,
+    records: Sequence[CallRecord] = (),
+    *,
+    chart: bool = True,
+) -> dict[str, Path]:
+    """Write ``report.json``, ``calls.jsonl`` (the ``records``) and ``chart.png`` to ``out_dir``.
+
+    The chart is skipped when ``chart`` is False or matplotlib is missing.
+    Returns what was written by kind (``json``, ``calls``, ``chart``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    path = out / "report.json"
+    path.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    written["json"] = path
+    if records:
+        calls = out / "calls.jsonl"
+        with calls.open("w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(asdict(rec)) + "\n")
+        written["calls"] = calls
+    png = write_chart(report, out / "chart.png") if chart else None
+    if png is not None:
+        written["chart"] = png
+    return written

@@ -1,0 +1,1 @@
+"""Runnable examples of agentspec (not part of the installed package)."""
