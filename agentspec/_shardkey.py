@@ -35,23 +35,26 @@ _MAX_HEX_NAME = 200
 _NAME_RE = re.compile(rf"(?:[0-9a-f]{{2}}){{1,{_MAX_HEX_NAME // 2}}}|h[0-9a-f]{{64}}")
 
 
-def _check_component(value: object, what: str, optional: bool) -> str | None:
-    """Validate one key component."""
+def check_component(value: object, label: str, *, optional: bool = False) -> str | None:
+    """Validate one name (a key component or a tag): 1..128 characters, no control character.
+
+    ``label`` names it in the error (``"shard key stage"``, ``"session"``).
+    """
     if value is None and optional:
         return None
     if not isinstance(value, str):
         raise InvalidArgumentError(
-            f"shard key {what} must be a str{' or None' if optional else ''}",
+            f"{label} must be a str{' or None' if optional else ''}",
             f"got {type(value).__name__}",
         )
     if not 1 <= len(value) <= MAX_COMPONENT:
         raise InvalidArgumentError(
-            f"shard key {what} must have 1..{MAX_COMPONENT} characters", f"got {len(value)}"
+            f"{label} must have 1..{MAX_COMPONENT} characters", f"got {len(value)}"
         )
     for i, ch in enumerate(value):
         if unicodedata.category(ch) == "Cc":
             raise InvalidArgumentError(
-                f"shard key {what} contains a control character", f"{ord(ch):#x} at index {i}"
+                f"{label} contains a control character", f"{ord(ch):#x} at index {i}"
             )
     return value
 
@@ -67,12 +70,12 @@ def check_key(key: object) -> ShardKey:
         raise InvalidArgumentError(
             "a shard key is a (tenant, pipeline, stage) tuple", f"got {key!r:.80}"
         )
-    tenant = _check_component(key[0], "tenant", optional=False)
+    tenant = check_component(key[0], "shard key tenant")
     assert tenant is not None
     return (
         tenant,
-        _check_component(key[1], "pipeline", optional=True),
-        _check_component(key[2], "stage", optional=True),
+        check_component(key[1], "shard key pipeline", optional=True),
+        check_component(key[2], "shard key stage", optional=True),
     )
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from urllib.parse import quote, unquote
 
-from agentspec.exceptions import InvalidArgumentError
+from agentspec._shardkey import MAX_COMPONENT, check_component
 
 __all__ = [
     "HEADER_PIPELINE",
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: Longest allowed tag, in characters.
-MAX_TAG_LENGTH = 128
+MAX_TAG_LENGTH = MAX_COMPONENT
 
 #: Request header carrying the session id.
 HEADER_SESSION = "X-AgentSpec-Session"
@@ -59,7 +59,6 @@ HEADER_STAGE = "X-AgentSpec-Stage"
 #: Request header carrying the pipeline.
 HEADER_PIPELINE = "X-AgentSpec-Pipeline"
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Sent as is: printable ASCII without "%", not starting or ending with a space.
 _HEADER_SAFE = re.compile(r"[!-$&-~](?:[ !-$&-~]*[!-$&-~])?")
 _QUOTE_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
@@ -70,15 +69,9 @@ def check_tag(value: object, name: str) -> str:
 
     ``name`` names the tag in the message (``"stage"``, ``"session"``, ...).
     """
-    if not isinstance(value, str):
-        raise InvalidArgumentError(f"{name} must be a str, got {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_TAG_LENGTH:
-        raise InvalidArgumentError(
-            f"{name} must have 1..{MAX_TAG_LENGTH} characters, got {len(value)}"
-        )
-    if _CONTROL.search(value):
-        raise InvalidArgumentError(f"{name} {value!r} holds a NUL or control character")
-    return value
+    checked = check_component(value, name)
+    assert checked is not None
+    return checked
 
 
 def encode_header_value(value: str) -> str:
