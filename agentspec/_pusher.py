@@ -30,7 +30,6 @@ import queue
 import random
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +55,7 @@ from agentspec._wire import (
     encode_key_query,
     parse_error,
     parse_retry_after,
+    write_shm_file,
 )
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 
@@ -637,7 +637,7 @@ class ShardPusher:
     def _send_snapshot(self, ep: _Endpoint, key: ShardKey, data: bytes) -> _Answer:
         """PUT a snapshot, or hand it over as a file in the shm dir."""
         if self._shm_dir is not None and ep.shm_ok and len(data) >= self._shm_threshold:
-            path = self._write_shm(data)
+            path = write_shm_file(self._shm_dir, data)
             try:
                 body = json.dumps({"path": str(path)}).encode()
                 return self._request(ep, "POST", SNAPSHOT_FILE_PATH, key, body, JSON_CONTENT_TYPE)
@@ -652,22 +652,6 @@ class ShardPusher:
                 with contextlib.suppress(OSError):
                     path.unlink()
         return self._request(ep, "PUT", SNAPSHOT_PATH, key, data, SHARD_CONTENT_TYPE)
-
-    def _write_shm(self, data: bytes) -> Path:
-        """Write snapshot bytes to a new private file in the shm dir."""
-        assert self._shm_dir is not None
-        path = self._shm_dir / f"agentspec-{os.getpid()}-{uuid.uuid4().hex}.ashd"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "wb", closefd=False) as f:
-                f.write(data)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise
-        finally:
-            os.close(fd)
-        return path
 
     def _acknowledge(
         self,

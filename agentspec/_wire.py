@@ -27,13 +27,17 @@ it with 409 ``instance_mismatch`` instead of applying it to the wrong base.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import hmac
 import json
 import math
+import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -67,6 +71,7 @@ __all__ = [
     "parse_error",
     "parse_retry_after",
     "parse_shard_list",
+    "write_shm_file",
 ]
 
 #: Prefix of every route (protected by vLLM's ``--api-key`` middleware).
@@ -337,3 +342,23 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     if not math.isfinite(secs) or secs < 0:
         return None
     return min(secs, MAX_RETRY_AFTER)
+
+
+def write_shm_file(directory: Path, data: bytes) -> Path:
+    """Write snapshot bytes to a new file in ``directory`` readable by this user only.
+
+    The name is unique (pid + uuid4) and created exclusively; a failed write
+    removes the file.  Used for snapshot-file handovers (pusher and endpoint).
+    """
+    path = directory / f"agentspec-{os.getpid()}-{uuid.uuid4().hex}.ashd"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    finally:
+        os.close(fd)
+    return path

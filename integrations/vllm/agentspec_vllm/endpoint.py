@@ -43,8 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import uuid
 from argparse import Namespace
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +65,7 @@ from agentspec._wire import (
     decode_key_query,
     error_response,
     json_response,
+    write_shm_file,
 )
 from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
@@ -274,11 +273,11 @@ class ShardForwarder:
     ) -> WireResponse:
         """Write the snapshot into ``shm_dir`` and forward a ``snapshot-file`` request."""
         assert self.config.shm_dir is not None
-        path = Path(self.config.shm_dir) / f"agentspec-api-{os.getpid()}-{uuid.uuid4().hex}.ashd"
+        shm_dir = Path(self.config.shm_dir)
         try:
-            await asyncio.to_thread(_write_private, path, body)
+            path = await asyncio.to_thread(write_shm_file, shm_dir, body)
         except OSError as e:
-            _log.warning("agentspec.endpoint.shm_write_failed", path=str(path), error=str(e))
+            _log.warning("agentspec.endpoint.shm_write_failed", dir=str(shm_dir), error=str(e))
             return await self._forward("PUT", SNAPSHOT_PATH, query, headers, body)
         try:
             fwd = {**headers, "content-type": JSON_CONTENT_TYPE}
@@ -318,20 +317,6 @@ def _local(answer: WireResponse | None) -> WireResponse | None:
         return None
     headers = {k: v for k, v in answer.headers.items() if k != INSTANCE_HEADER}
     return WireResponse(answer.status, headers, answer.body)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file readable by this user only."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(data)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        raise
-    finally:
-        os.close(fd)
 
 
 def _as_response(result: Any) -> WireResponse:
