@@ -352,16 +352,8 @@ def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         InvalidArgumentError: bad settings.
         agentspec.models.ModelError: the default model could not be fetched.
     """
-    settings = list(args.settings)
+    _absorb_serve_options(args)
     rest = list(args.vllm_args)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    ns, rest = _serve_options().parse_known_args(rest, argparse.Namespace(settings=None))
-    extra_settings = ns.settings or []
-    del ns.settings
-    for name, value in vars(ns).items():
-        setattr(args, name, value)
-    args.settings = settings + extra_settings
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
     launch = vllm_launch(
