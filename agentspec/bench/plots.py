@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_replay"]
+__all__ = ["plot_replay", "pyplot"]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend, or None when matplotlib is missing."""
     try:
         import matplotlib
@@ -34,7 +34,7 @@ def plot_replay(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path
     Returns the paths written and None, or ``([], reason)`` when matplotlib is
     not installed.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return [], "matplotlib is not installed (pip install matplotlib)"
     out = Path(out_dir)

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentspec.bench.plots import pyplot
+
 __all__ = [
     "ACCEPTANCE",
     "CallRecord",
@@ -525,24 +527,12 @@ def format_table(report: DemoReport) -> str:
     return "\n".join(lines)
 
 
-def _pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or None when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def write_chart(report: DemoReport, path: str | Path) -> Path | None:
     """Write the PNG chart (tokens per step, speedup per stage, learning curve).
 
     Returns the path, or None when matplotlib is not installed.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     rows = [*report.stages, report.overall]
