@@ -57,6 +57,7 @@ from agentspec._wire import (
     decode_key_query,
     error_response,
     json_response,
+    parse_content_length,
 )
 from agentspec.exceptions import (
     DepthMismatchError,
@@ -517,18 +518,11 @@ class IntakeRequestHandler(BaseHTTPRequestHandler):
         """Read the request, dispatch it and write the answer."""
         path, _, query = self.path.partition("?")
         headers = dict(self.headers.items())
-        raw_len = self.headers.get("Content-Length")
-        length: int | None = None
-        if raw_len is not None:
-            try:
-                length = int(raw_len)
-            except ValueError:
-                length = -1
-            if length < 0:
-                self._send(
-                    error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST), True
-                )
-                return
+        try:
+            length = parse_content_length(self.headers.get("Content-Length"))
+        except ValueError:
+            self._send(error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST), True)
+            return
         early = self.server.intake.precheck(self.command, path, headers, length)
         if early is not None:
             # A small body is read and dropped so that the client, still

@@ -68,6 +68,7 @@ __all__ = [
     "encode_key_query",
     "error_response",
     "json_response",
+    "parse_content_length",
     "parse_error",
     "parse_retry_after",
     "parse_shard_list",
@@ -362,3 +363,17 @@ def write_shm_file(directory: Path, data: bytes) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def parse_content_length(raw: str | None) -> int | None:
+    """A request's ``Content-Length`` (None when absent).
+
+    Raises:
+        ValueError: not a non-negative integer (answer 400).
+    """
+    if raw is None:
+        return None
+    length = int(raw)
+    if length < 0:
+        raise ValueError(f"negative Content-Length {length}")
+    return length

@@ -65,6 +65,7 @@ from agentspec._wire import (
     decode_key_query,
     error_response,
     json_response,
+    parse_content_length,
     write_shm_file,
 )
 from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
@@ -441,15 +442,10 @@ class AgentSpecEndpointPlugin:
 async def _serve(forwarder: ShardForwarder, request: Any, path: str) -> WireResponse:
     """Read a Starlette request (refusing early when possible) and answer it."""
     headers = {k.lower(): v for k, v in request.headers.items()}
-    raw_len = headers.get("content-length")
-    length: int | None = None
-    if raw_len is not None:
-        try:
-            length = int(raw_len)
-        except ValueError:
-            length = -1
-        if length < 0:
-            return error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST)
+    try:
+        length = parse_content_length(headers.get("content-length"))
+    except ValueError:
+        return error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST)
     early = forwarder.precheck(request.method, path, headers, length)
     if early is not None:
         return early
