@@ -1,0 +1,252 @@
+"""Processes for the LiteLLM hook's tests: the upstream engine, a recording forwarder, proxies.
+
+- `start_engine`: agentspec's embedded engine (SmolLM2-135M on CPU) as a
+  subprocess of ``$AGENTSPEC_ENGINE_PYTHON`` -- a Python with
+  ``agentspec[local]`` (torch, transformers), which this venv (LiteLLM's)
+  does not have.
+- `Forwarder`: a stdlib HTTP server between LiteLLM and the engine that
+  records every request body and passes requests and answers (streams
+  included) through unchanged, so tests see exactly what reached upstream.
+- `start_proxy`: a real ``litellm --config`` process on loopback.
+
+Every process is stopped in ``finally`` / fixture teardown: SIGTERM to its
+process group, SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ENGINE_PYTHON_ENV = "AGENTSPEC_ENGINE_PYTHON"
+LITELLM_BIN = Path(sys.executable).with_name("litellm")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 200; raise with the reason on timeout or exit."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout} s (last: {last})")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@dataclass
+class Process:
+    """A started server: its process, base URL and log file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def log_tail(self, n: int = 4000) -> str:
+        """The end of the process's output (for failure messages)."""
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def _spawn(cmd: list[str], log: Path, env: Mapping[str, str], cwd: Path | None = None) -> Any:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+@contextlib.contextmanager
+def start_engine(workdir: Path) -> Iterator[Process]:
+    """The embedded engine on a free port (skips are the caller's business)."""
+    python = os.environ[ENGINE_PYTHON_ENV]
+    port = free_port()
+    log = workdir / "engine.log"
+    cmd = [python, "-m", "agentspec", "serve", "smollm2-135m", "--engine", "embedded"]
+    cmd += ["--port", str(port), "--threads", "2"]
+    proc = _spawn(cmd, log, os.environ)
+    server = Process(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_http(f"{server.url}/health", 240, proc)
+        yield server
+    except Exception as exc:
+        raise RuntimeError(f"engine failed: {exc}\n{server.log_tail()}") from exc
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def start_proxy(
+    workdir: Path, config: Mapping[str, Any], hook_config: Mapping[str, Any] | None, **files: str
+) -> Iterator[Process]:
+    """A LiteLLM proxy with ``config`` (YAML from JSON) and the agentspec hook config.
+
+    ``files`` are written next to the config (e.g. a ``custom_auth.py``).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (workdir / name).write_text(text)
+    (workdir / "config.yaml").write_text(json.dumps(dict(config)))  # JSON is YAML
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="INFO")
+    env.pop("AGENTSPEC_LITELLM_CONFIG", None)
+    if hook_config is not None:
+        (workdir / "agentspec.json").write_text(json.dumps(dict(hook_config)))
+        env["AGENTSPEC_LITELLM_CONFIG"] = str(workdir / "agentspec.json")
+    port = free_port()
+    log = workdir / "proxy.log"
+    cmd = [str(LITELLM_BIN), "--config", str(workdir / "config.yaml")]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    proc = _spawn(cmd, log, env, cwd=workdir)
+    server = Process(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_http(f"{server.url}/health/liveliness", 120, proc)
+        yield server
+    except Exception as exc:
+        raise RuntimeError(f"proxy failed: {exc}\n{server.log_tail()}") from exc
+    finally:
+        stop(proc)
+
+
+class Forwarder:
+    """Records request bodies and forwards every request to ``target`` unchanged."""
+
+    def __init__(self, target: str) -> None:
+        """Listen on a free loopback port; `close` stops it."""
+        parts = urlsplit(target)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # close-delimited answers: streams pass as is
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                outer._record(self.command, self.path, dict(self.headers), body)
+                conn = http.client.HTTPConnection(outer._host, outer._port, timeout=300)
+                try:
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in ("host", "connection", "content-length")
+                    }
+                    headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    self.send_response(resp.status)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(k, v)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    while chunk := resp.read1(65536):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                finally:
+                    conn.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward  # noqa: N815
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _record(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        entry: dict[str, Any] = {"method": method, "path": path, "headers": headers}
+        if headers.get("Content-Type", headers.get("content-type", "")).startswith(
+            "application/json"
+        ):
+            with contextlib.suppress(ValueError):
+                entry["json"] = json.loads(body)
+        with self._lock:
+            self.requests.append(entry)
+
+    def completions(self) -> list[dict[str, Any]]:
+        """Recorded JSON bodies of chat / text completion requests, in order."""
+        with self._lock:
+            return [
+                r["json"]
+                for r in self.requests
+                if r["path"].endswith("/completions") and isinstance(r.get("json"), dict)
+            ]
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content, None while it does not exist or is being replaced."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    """Poll ``predicate()`` until it returns something truthy; raise on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)

@@ -1,0 +1,73 @@
+"""HookConfig: defaults, file loading, and a clear error for every bad value."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentspec.exceptions import InvalidArgumentError
+from agentspec_litellm.config import CONFIG_ENV, HookConfig, hash_key, load_config
+
+
+def test_defaults_without_a_config_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    config = load_config()
+    assert config == HookConfig()
+    assert config.store is None
+    assert config.push == "auto"
+    assert config.tenant_from == "client"
+
+
+def test_yaml_and_json_files_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "store: /tmp/s\npush: [http://127.0.0.1:8000]\ndefault_stage: {coder: agent, '*': x}\n"
+        "tenant_from: key\ntenant_keys: {sk-a: acme}\n"
+    )
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "a.yaml"))
+    config = load_config()
+    assert config.store == Path("/tmp/s")
+    assert config.push == ("http://127.0.0.1:8000",)
+    assert config.default_for(config.default_stage, "coder") == "agent"
+    assert config.default_for(config.default_stage, "other") == "x"
+    assert config.tenant_keys == {hash_key("sk-a"): "acme"}
+    (tmp_path / "b.json").write_text(json.dumps({"tenant_keys": {"sha256:" + "ab" * 32: "t"}}))
+    assert load_config(tmp_path / "b.json").tenant_keys == {"ab" * 32: "t"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"stor": "/x"}, "unknown agentspec LiteLLM config keys: stor"),
+        ({"tenant_from": "header"}, "tenant_from must be one of"),
+        ({"tenant_from": "key"}, "needs a non-empty tenant_keys"),
+        ({"tenant_keys": {"sha256:zz": "t"}}, "not a valid sha256"),
+        ({"tenant_keys": {"sk": "bad\ntenant"}}, "tenant_keys"),
+        ({"push": "ftp://x"}, "must start with http"),
+        ({"push": 3}, "push must be 'auto' or a list"),
+        ({"lead_tokens": -1}, "lead_tokens must be an int >= 0"),
+        ({"queue_size": True}, "queue_size must be an int >= 1"),
+        ({"return_token_ids": "yes"}, "return_token_ids must be true or false"),
+        ({"default_stage": {"m": ""}}, "default_stage['m']"),
+        ({"default_stage": ["m"]}, "default_stage must be a mapping"),
+        ({"store": 3}, "store must be a non-empty string"),
+    ],
+)
+def test_bad_values_are_named(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message.replace("[", r"\[").replace("*", r"\*")):
+        HookConfig.from_mapping(raw)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("store: [unclosed")
+    with pytest.raises(InvalidArgumentError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(InvalidArgumentError, match="not valid JSON"):
+        load_config(tmp_path / "bad.json")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(InvalidArgumentError, match="must be a mapping"):
+        load_config(tmp_path / "list.yaml")
