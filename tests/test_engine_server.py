@@ -370,6 +370,21 @@ def test_api_errors_are_4xx_and_the_server_keeps_serving(server, client) -> None
         client.chat.completions.create(
             model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], n=2
         )
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    with pytest.raises(openai.BadRequestError, match="native tool calling is not supported"):
+        client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], tools=tools
+        )
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    with pytest.raises(openai.BadRequestError, match="tool calls in messages"):
+        client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ],
+        )
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(
             model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], temperature=-1

@@ -65,6 +65,11 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
             raise InvalidArgumentError(
                 f"{where}.role must be one of {', '.join(sorted(_ROLES))}", repr(role)[:40]
             )
+        if msg.get("tool_calls") or msg.get("function_call"):
+            raise InvalidArgumentError(
+                f"{where}: tool calls in messages are not supported",
+                "this engine has no native tool calling; put calls in the content as text",
+            )
         out.append({"role": role, "content": _content_text(msg.get("content"), where)})
     return out
 

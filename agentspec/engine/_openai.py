@@ -204,6 +204,15 @@ def _unsupported(body: Mapping[str, Any]) -> None:
         raise _bad("echo is not supported by this engine", "echo")
     if body.get("suffix") is not None:
         raise _bad("suffix is not supported by this engine", "suffix")
+    if body.get("tools") or body.get("functions"):
+        raise _bad(
+            "native tool calling is not supported by this engine: describe the tools in the "
+            "prompt and parse the text (OpenHands: LLM(native_tool_calling=False))",
+            "tools" if body.get("tools") else "functions",
+        )
+    choice = body.get("tool_choice")
+    if choice is not None and choice != "none":
+        raise _bad("tool_choice must be absent or 'none' on this engine", "tool_choice")
 
 
 def parse_request(
