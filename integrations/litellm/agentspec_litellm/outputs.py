@@ -49,13 +49,18 @@ def _ids(value: object) -> list[int] | None:
     return None
 
 
-def _choice_ids(choice: Mapping[str, Any]) -> list[int] | None:
-    ids = _ids(choice.get("token_ids"))
+def _ids_field(obj: Mapping[str, Any], name: str) -> list[int] | None:
+    """``obj[name]``, or LiteLLM's ``obj.provider_specific_fields[name]``, if a list of ints."""
+    ids = _ids(obj.get(name))
     if ids is None:
-        extra = choice.get("provider_specific_fields")
+        extra = obj.get("provider_specific_fields")
         if isinstance(extra, Mapping):
-            ids = _ids(extra.get("token_ids"))
+            ids = _ids(extra.get(name))
     return ids
+
+
+def _choice_ids(choice: Mapping[str, Any]) -> list[int] | None:
+    return _ids_field(choice, "token_ids")
 
 
 def response_outputs(response: Any) -> Outputs:
@@ -81,12 +86,7 @@ def response_outputs(response: Any) -> Outputs:
 
 
 def _prompt_ids(obj: Mapping[str, Any]) -> list[int] | None:
-    ids = _ids(obj.get("prompt_token_ids"))
-    if ids is None:
-        extra = obj.get("provider_specific_fields")
-        if isinstance(extra, Mapping):
-            ids = _ids(extra.get("prompt_token_ids"))
-    return ids
+    return _ids_field(obj, "prompt_token_ids")
 
 
 class StreamAccumulator:

@@ -111,13 +111,21 @@ def start_engine(workdir: Path) -> Iterator[Process]:
     log = workdir / "engine.log"
     cmd = [python, "-m", "agentspec", "serve", "smollm2-135m", "--engine", "embedded"]
     cmd += ["--port", str(port), "--threads", "2"]
-    proc = _spawn(cmd, log, os.environ)
+    with _serving(_spawn(cmd, log, os.environ), port, log, "/health", 240, "engine") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(
+    proc: subprocess.Popen[bytes], port: int, log: Path, health: str, timeout: float, what: str
+) -> Iterator[Process]:
+    """Wait for ``health`` to answer, yield the server, stop it; failures carry its log."""
     server = Process(proc, f"http://127.0.0.1:{port}", log)
     try:
-        wait_http(f"{server.url}/health", 240, proc)
+        wait_http(f"{server.url}{health}", timeout, proc)
         yield server
     except Exception as exc:
-        raise RuntimeError(f"engine failed: {exc}\n{server.log_tail()}") from exc
+        raise RuntimeError(f"{what} failed: {exc}\n{server.log_tail()}") from exc
     finally:
         stop(proc)
 
@@ -144,14 +152,8 @@ def start_proxy(
     cmd = [str(LITELLM_BIN), "--config", str(workdir / "config.yaml")]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     proc = _spawn(cmd, log, env, cwd=workdir)
-    server = Process(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        wait_http(f"{server.url}/health/liveliness", 120, proc)
+    with _serving(proc, port, log, "/health/liveliness", 120, "proxy") as server:
         yield server
-    except Exception as exc:
-        raise RuntimeError(f"proxy failed: {exc}\n{server.log_tail()}") from exc
-    finally:
-        stop(proc)
 
 
 class Forwarder:
