@@ -121,7 +121,8 @@ class SpecStats:
     Attributes:
         steps: verification forward passes (the prefill not counted).
         drafted: draft tokens verified.
-        accepted: draft tokens accepted (each step's bonus token not counted).
+        accepted: draft tokens accepted and kept (each step's bonus token not
+            counted, nor tokens after a stop string, EOS or the length limit).
         speculate: whether the request drafted.
     """
 
@@ -375,7 +376,6 @@ class Engine:
                 emitted = verifier.step(tree, sampling=sampling, rng=rng)
                 stats.steps += 1
                 stats.drafted += 0 if tree is None else len(tree)
-                stats.accepted += len(emitted) - 1
                 kept: list[int] = []
                 piece: list[str] = []
                 for tok in emitted:
@@ -389,6 +389,9 @@ class Engine:
                         break
                     if len(out) + len(kept) >= limit:
                         break
+                # Accepted draft tokens that were kept: a stop string, EOS or the
+                # length limit can cut the step's tokens short.
+                stats.accepted += min(len(kept), len(emitted) - 1)
                 out.extend(kept)
                 spec.extend(rid, kept)
                 chunk = "".join(piece)
