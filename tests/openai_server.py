@@ -4,11 +4,19 @@
 ``/v1/responses`` on 127.0.0.1 (a random port), streamed (SSE) or not, and
 records every request (path, headers, JSON body) in `requests`.
 
-Replies are deterministic: the reply text of a call is `reply_text` of the
-prompt (its last user text) and the choice index, and its "token ids" are the
-text's code points (`token_ids`).  Like vLLM, a chat / completions request
-with ``"return_token_ids": true`` gets ``token_ids`` in every choice (streamed:
-each chunk's ids) and ``prompt_token_ids``.
+By default replies are deterministic: the reply text of a call is `reply_text`
+of the prompt (its last user text) and the choice index, and its "token ids"
+are the text's code points (`token_ids`).  Like vLLM, a chat / completions
+request with ``"return_token_ids": true`` gets ``token_ids`` in every choice
+(streamed: each chunk's ids) and ``prompt_token_ids``.
+
+A test that needs other answers passes a reply hook,
+``OpenAIServer(reply=fn)``: ``fn(request)`` gets the `RecordedRequest` (already
+recorded) on the handler thread, so it may block, e.g. on a barrier, and
+returns a `Reply` (status, text, finish reason, token ids, usage, extra
+top-level fields such as the engine's ``agentspec`` counters) or None for the
+default reply.  One server serves every test's scripted answers: the answer is
+built into the wire format by the same code either way.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["OpenAIServer", "RecordedRequest", "reply_text", "token_ids"]
+__all__ = ["OpenAIServer", "RecordedRequest", "Reply", "ReplyHook", "reply_text", "token_ids"]
 
 _PIECE = 4  # characters per streamed chunk
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def reply_text(prompt: str, choice: int = 0) -> str:
@@ -43,6 +53,77 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A hook's answer to one request.
+
+    A status other than 200 answers ``{"error": {"message": text, ...}}``
+    (never streamed).  Otherwise every choice the request asks for (``n``)
+    gets ``text`` and ``finish_reason``; ``token_ids`` defaults to the text's
+    code points and ``prompt_token_ids`` to the prompt's (both sent only when
+    the request asks for token ids); ``usage`` defaults to their lengths; the
+    ``extra`` fields are added to the top level of the response (streamed:
+    of the final chunk, the one with the last finish reason, as the engine does).
+    """
+
+    text: str = ""
+    status: int = 200
+    finish_reason: str = "stop"
+    token_ids: Sequence[int] | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    usage: Mapping[str, int] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse a status no HTTP client would read."""
+        if not 200 <= self.status <= 599:
+            raise ValueError(f"Reply status must be 200..599, got {self.status}")
+
+
+ReplyHook = Callable[[RecordedRequest], "Reply | None"]
+
+
+@dataclass(frozen=True)
+class _Choice:
+    text: str
+    finish_reason: str
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What to send, whatever the wire format: the choices and the top-level extras."""
+
+    choices: list[_Choice]
+    prompt_ids: list[int]
+    usage: dict[str, int]
+    extra: dict[str, Any]
+
+
+def _default_answer(prompt: str, n: int) -> _Answer:
+    choices = [_Choice(t, "stop", token_ids(t)) for t in (reply_text(prompt, i) for i in range(n))]
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1}
+    return _Answer(choices, token_ids(prompt), usage, {})
+
+
+def _hook_answer(reply: Reply, prompt: str, n: int) -> _Answer:
+    ids = list(token_ids(reply.text) if reply.token_ids is None else reply.token_ids)
+    prompt_ids = list(
+        token_ids(prompt) if reply.prompt_token_ids is None else reply.prompt_token_ids
+    )
+    usage = (
+        dict(reply.usage)
+        if reply.usage is not None
+        else {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+        }
+    )
+    choices = [_Choice(reply.text, reply.finish_reason, ids) for _ in range(n)]
+    return _Answer(choices, prompt_ids, usage, dict(reply.extra))
 
 
 def _text_of(content: Any) -> str:
@@ -72,6 +153,19 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + _PIECE] for i in range(0, len(text), _PIECE)]
 
 
+def _piece_ids(ids: list[int], pieces: int) -> list[list[int]]:
+    """``ids`` split over ``pieces`` chunks, ``_PIECE`` a chunk, the rest on the last one.
+
+    For code-point ids each chunk gets exactly its text's ids; other ids still
+    concatenate back to ``ids``.
+    """
+    if pieces == 0:
+        return []
+    out = [ids[k * _PIECE : (k + 1) * _PIECE] for k in range(pieces - 1)]
+    out.append(ids[(pieces - 1) * _PIECE :])
+    return out
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls between header and body
@@ -87,45 +181,55 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else {}
         except json.JSONDecodeError:
             body = None
-        self.server.owner._record(
-            RecordedRequest(
-                "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body
-            )
+        owner = self.server.owner
+        request = RecordedRequest(
+            "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body
         )
+        owner._record(request)
         path = self.path.split("?", 1)[0]
         if not isinstance(body, dict):
             self._json(400, {"error": {"message": "body must be a JSON object", "type": "bad"}})
             return
-        if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        if path not in _ROUTES:
             self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return
         prompt = _prompt_of(path, body)
-        n = body.get("n") or 1
-        ids = bool(body.get("return_token_ids"))
+        n = 1 if path == "/v1/responses" else body.get("n") or 1
+        reply = owner._reply(request) if owner._reply is not None else None
+        if reply is not None and reply.status != 200:
+            kind = "server_error" if reply.status >= 500 else "invalid_request_error"
+            self._json(reply.status, {"error": {"message": reply.text, "type": kind}})
+            return
+        answer = _default_answer(prompt, n) if reply is None else _hook_answer(reply, prompt, n)
         if path == "/v1/responses":
             if body.get("stream"):
-                self._responses_stream(body, prompt)
+                self._responses_stream(body, answer)
             else:
-                self._json(200, _response_obj(body, reply_text(prompt)))
+                self._json(200, _response_obj(body, answer.choices[0].text, answer.extra))
             return
         chat = path == "/v1/chat/completions"
+        ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
-            self._chat_stream(body, prompt, n, ids, chat)
+            self._chat_stream(body, answer, ids, chat)
             return
         choices = []
-        for i in range(n):
-            text = reply_text(prompt, i)
+        for i, c in enumerate(answer.choices):
             if chat:
                 ch: dict[str, Any] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish_reason,
                     "logprobs": None,
                 }
             else:
-                ch = {"index": i, "text": text, "finish_reason": "stop", "logprobs": None}
+                ch = {
+                    "index": i,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None,
+                }
             if ids:
-                ch["token_ids"] = token_ids(text)
+                ch["token_ids"] = c.ids
             choices.append(ch)
         obj: dict[str, Any] = {
             "id": "cmpl-test",
@@ -133,11 +237,11 @@ class _Handler(BaseHTTPRequestHandler):
             "created": int(time.time()),
             "model": body.get("model", "test"),
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": 1},
+            "usage": answer.usage,
         }
         if ids:
-            obj["prompt_token_ids"] = token_ids(prompt)
-        self._json(200, obj)
+            obj["prompt_token_ids"] = answer.prompt_ids
+        self._json(200, {**obj, **answer.extra})
 
     # -- answers
 
@@ -163,9 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{head}data: {data}\n\n".encode())
         self.wfile.flush()
 
-    def _chat_stream(
-        self, body: dict[str, Any], prompt: str, n: int, ids: bool, chat: bool
-    ) -> None:
+    def _chat_stream(self, body: dict[str, Any], answer: _Answer, ids: bool, chat: bool) -> None:
         self._sse_start()
         base = {
             "id": "cmpl-test",
@@ -173,8 +275,11 @@ class _Handler(BaseHTTPRequestHandler):
             "created": int(time.time()),
             "model": body.get("model", "test"),
         }
-        for i in range(n):
-            for k, piece in enumerate(_pieces(reply_text(prompt, i))):
+        for i, c in enumerate(answer.choices):
+            pieces = _pieces(c.text)
+            for k, (piece, piece_ids) in enumerate(
+                zip(pieces, _piece_ids(c.ids, len(pieces)), strict=True)
+            ):
                 if chat:
                     delta: dict[str, Any] = {"content": piece}
                     if k == 0:
@@ -183,26 +288,28 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     ch = {"index": i, "text": piece, "finish_reason": None}
                 if ids:
-                    ch["token_ids"] = token_ids(piece)
+                    ch["token_ids"] = piece_ids
                 chunk = {**base, "choices": [ch]}
                 if ids and k == 0 and i == 0:
-                    chunk["prompt_token_ids"] = token_ids(prompt)
+                    chunk["prompt_token_ids"] = answer.prompt_ids
                 self._sse(chunk)
             end: dict[str, Any] = (
-                {"index": i, "delta": {}, "finish_reason": "stop"}
+                {"index": i, "delta": {}, "finish_reason": c.finish_reason}
                 if chat
-                else {"index": i, "text": "", "finish_reason": "stop"}
+                else {"index": i, "text": "", "finish_reason": c.finish_reason}
             )
-            self._sse({**base, "choices": [end]})
+            if ids and not pieces and c.ids:  # no text chunk carried them
+                end["token_ids"] = c.ids
+            last = answer.extra if i == len(answer.choices) - 1 else {}
+            self._sse({**base, "choices": [end], **last})  # extras: on the final chunk
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-            self._sse({**base, "choices": [], "usage": usage})
+            self._sse({**base, "choices": [], "usage": answer.usage})
         self._sse("[DONE]")
 
-    def _responses_stream(self, body: dict[str, Any], prompt: str) -> None:
+    def _responses_stream(self, body: dict[str, Any], answer: _Answer) -> None:
         self._sse_start()
-        text = reply_text(prompt)
-        partial = _response_obj(body, "")
+        text = answer.choices[0].text
+        partial = _response_obj(body, "", {})
         partial["status"] = "in_progress"
         partial["output"] = []
         events: list[dict[str, Any]] = [{"type": "response.created", "response": partial}]
@@ -217,14 +324,15 @@ class _Handler(BaseHTTPRequestHandler):
                     "logprobs": [],
                 }
             )
-        events.append({"type": "response.completed", "response": _response_obj(body, text)})
+        done = _response_obj(body, text, answer.extra)
+        events.append({"type": "response.completed", "response": done})
         for seq, ev in enumerate(events):
             ev["sequence_number"] = seq
             self._sse(ev, event=ev["type"])
 
 
-def _response_obj(body: dict[str, Any], text: str) -> dict[str, Any]:
-    """A Responses API response object with one output message."""
+def _response_obj(body: dict[str, Any], text: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API response object with one output message (and ``extra`` fields)."""
     return {
         "id": "resp-test",
         "object": "response",
@@ -249,6 +357,7 @@ def _response_obj(body: dict[str, Any], text: str) -> dict[str, Any]:
         "metadata": {},
         "temperature": 1.0,
         "top_p": 1.0,
+        **extra,
     }
 
 
@@ -260,10 +369,15 @@ class _Server(ThreadingHTTPServer):
 class OpenAIServer:
     """The test server; ``with OpenAIServer() as srv: OpenAI(base_url=srv.base_url, ...)``."""
 
-    def __init__(self) -> None:
-        """Bind to a random port on 127.0.0.1 (serving starts with `start`)."""
+    def __init__(self, *, reply: ReplyHook | None = None) -> None:
+        """Bind to a random port on 127.0.0.1 (serving starts with `start`).
+
+        ``reply``, when given, is asked for every well-formed request's answer
+        (see `Reply`); it returns None for the default deterministic reply.
+        """
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
+        self._reply = reply
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._thread: threading.Thread | None = None
@@ -290,7 +404,9 @@ class OpenAIServer:
 
     def start(self) -> OpenAIServer:
         """Serve on a daemon thread."""
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 

@@ -1,8 +1,9 @@
 """The CodeAct loop (examples/codeact) against a scripted server and the real embedded engine.
 
-The scripted server (below) replies with fixed texts, in order, so the loop's
-paths are exercised exactly: unparseable replies, tool errors, an escape
-attempt, a fix, finish, an API error.  The engine tests run the loop on
+The scripted server (the repository's `OpenAIServer` with a reply hook, below)
+replies with fixed texts, in order, so the loop's paths are exercised exactly:
+unparseable replies, tool errors, an escape attempt, a fix, finish, an API
+error.  The engine tests run the loop on
 SmolLM2-135M for a few greedy steps and check what the loop guarantees --
 never what the tiny model manages: the steps ran, every call carried the
 session and stage tags (on the wire, in the client's store, in the engine's
@@ -18,11 +19,11 @@ import shutil
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai_server import OpenAIServer, RecordedRequest, Reply
 
 openai = pytest.importorskip("openai")
 
@@ -49,83 +50,32 @@ SUM_KEY = ("default", PIPELINE, STAGE_SUMMARIZE)
 
 # --- a scripted OpenAI-compatible server ---------------------------------------------------
 
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        owner = self.server.owner
-        status, text, finish = owner.next_reply(dict(self.headers.items()), body)
-        if status != 200:
-            obj: dict[str, Any] = {"error": {"message": text, "type": "server_error"}}
-        else:
-            ids = [ord(c) for c in text] or [0]
-            obj = {
-                "id": "chat-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish,
-                        "token_ids": ids,
-                    }
-                ],
-                "prompt_token_ids": list(range(1, 21)),
-                "usage": {"prompt_tokens": 20, "completion_tokens": len(ids), "total_tokens": 0},
-                "agentspec": {"steps": 2, "drafted": 3, "accepted": 1, "speculate": True},
-            }
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+SPEC_COUNTS = {"steps": 2, "drafted": 3, "accepted": 1, "speculate": True}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    owner: ScriptedServer
+def scripted_server(replies: list[tuple[int, str, str]]) -> OpenAIServer:
+    """An `OpenAIServer` answering ``replies`` in order: ``(status, text, finish_reason)``.
 
+    Past the last reply it answers HTTP 500.  Every reply carries 20 prompt
+    token ids and the engine's ``agentspec`` counters (`SPEC_COUNTS`).
+    """
+    queue = list(replies)
+    lock = threading.Lock()
 
-class ScriptedServer:
-    """Answers chat completions with ``replies`` in order: ``(status, text, finish_reason)``."""
+    def reply(request: RecordedRequest) -> Reply:
+        with lock:
+            if not queue:
+                return Reply("script exhausted", status=500)
+            status, text, finish = queue.pop(0)
+        return Reply(
+            text,
+            status=status,
+            finish_reason=finish,
+            prompt_token_ids=range(1, 21),
+            extra={"agentspec": SPEC_COUNTS},
+        )
 
-    def __init__(self, replies: list[tuple[int, str, str]]) -> None:
-        self.replies = list(replies)
-        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self._lock = threading.Lock()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
-        self._httpd.owner = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def next_reply(self, headers: dict[str, str], body: dict[str, Any]) -> tuple[int, str, str]:
-        with self._lock:
-            self.requests.append(({k.lower(): v for k, v in headers.items()}, body))
-            if not self.replies:
-                return 500, "script exhausted", "stop"
-            return self.replies.pop(0)
-
-    def __enter__(self) -> ScriptedServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._thread.join(10)
-        self._httpd.server_close()
+    return OpenAIServer(reply=reply)
 
 
 def _call(name: str, **params: str) -> str:
@@ -159,7 +109,7 @@ def test_scripted_run_feeds_errors_back_fixes_and_finishes(tmp_path: Path, outsi
         (200, "Fixed add() to return the sum.", "stop"),
     ]
     store = ShardStore()
-    with ScriptedServer(script) as srv, build_client(srv.base_url, store=store) as client:
+    with scripted_server(script) as srv, build_client(srv.base_url, store=store) as client:
         agent = CodeActAgent(client, AgentConfig(model="scripted", max_steps=10))
         result = agent.run(task, workdir, session="scripted-1")
         assert client.flush(10)
@@ -195,10 +145,11 @@ def test_scripted_run_feeds_errors_back_fixes_and_finishes(tmp_path: Path, outsi
     # Each observation went back to the model as the next request's last message,
     # after the model's own reply (stop string included).
     assert len(requests) == 8
-    for step, (_, body) in zip(steps[:-1], requests[1:-1], strict=True):
-        assert _last_user(body) == f"OBSERVATION:\n{step.observation}"
-        assert body["messages"][-2] == {"role": "assistant", "content": step.reply}
-    for i, (headers, body) in enumerate(requests):
+    for step, req in zip(steps[:-1], requests[1:-1], strict=True):
+        assert _last_user(req.body) == f"OBSERVATION:\n{step.observation}"
+        assert req.body["messages"][-2] == {"role": "assistant", "content": step.reply}
+    for i, req in enumerate(requests):
+        headers, body = req.headers, req.body
         stage = STAGE_SUMMARIZE if i == 7 else STAGE_ACT
         assert headers["x-agentspec-session"] == "scripted-1"
         assert headers["x-agentspec-stage"] == stage
@@ -214,7 +165,7 @@ def test_api_errors_end_the_run_without_raising(tmp_path: Path) -> None:
     task = TASKS["greet"]
     workdir = task.seed(tmp_path / "repo")
     script = [(200, _call("bash", command="ls"), "stop"), (500, "boom", "stop")]
-    with ScriptedServer(script) as srv, build_client(srv.base_url) as client:
+    with scripted_server(script) as srv, build_client(srv.base_url) as client:
         config = AgentConfig(model="scripted", max_steps=5, summarize=True)
         result = CodeActAgent(client, config).run(task, workdir)
     assert result.stop_reason == "api_error"
@@ -240,7 +191,7 @@ def test_command_line_against_a_server(tmp_path: Path, capsys: pytest.CaptureFix
         (200, _call("finish"), "stop"),
     ]
     out = tmp_path / "runs.jsonl"
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         code = main(
             [
                 "--base-url",
@@ -266,7 +217,7 @@ def test_command_line_against_a_server(tmp_path: Path, capsys: pytest.CaptureFix
     assert record["check_passed"] is True
     assert record["steps"][0]["call"]["name"] == "str_replace"
     # A workdir that already holds the task's folder is refused.
-    with ScriptedServer([]) as srv:
+    with scripted_server([]) as srv:
         argv = ["--base-url", srv.base_url, "--model", "m", "--task", "stats"]
         assert main([*argv, "--workdir", str(tmp_path / "work")]) == 2
 

@@ -1,9 +1,9 @@
 """The text-to-SQL example (examples/text_to_sql) against real local HTTP servers.
 
-Two servers: the repository's `OpenAIServer` (deterministic echo replies, so
-every query fails EXPLAIN) and `ScriptedServer` below, which answers each
-stage with a scripted reply chosen from the request's ``X-AgentSpec-Stage``
-header, to drive the EXPLAIN / SQL-fix / Combine paths.  The Spider schemas
+Two uses of the repository's `OpenAIServer`: its deterministic echo replies
+(so every query fails EXPLAIN), and `scripted_server` below, a reply hook that
+answers each stage with a scripted reply chosen from the request's
+``X-AgentSpec-Stage`` header, to drive the EXPLAIN / SQL-fix / Combine paths.  The Spider schemas
 come from the real trace file.
 """
 
@@ -13,13 +13,12 @@ import io
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai_server import OpenAIServer
+from openai_server import OpenAIServer, RecordedRequest, Reply
 
 from agentspec import AgentSpecClient
 
@@ -61,108 +60,44 @@ FRONT = ("Classify", "Extract", "Enrich")
 
 # --- a scripted OpenAI-compatible server -------------------------------------------------
 
-Reply = str | Callable[[dict[str, Any]], str]
 
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet."""
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        stage = self.headers.get("X-AgentSpec-Stage", "")
-        owner = self.server.owner
-        owner.record(stage, dict(self.headers.items()), body)
-        status, text = owner.answer(stage, body)
-        if status != 200:
-            data = json.dumps({"error": {"message": text, "type": "scripted"}}).encode()
-        else:
-            data = json.dumps(
-                {
-                    "id": "cmpl-scripted",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": body.get("model", "m"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": len(json.dumps(body["messages"])),
-                        "completion_tokens": len(text),
-                        "total_tokens": len(json.dumps(body["messages"])) + len(text),
-                    },
-                }
-            ).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    owner: ScriptedServer
-
-
-class ScriptedServer:
-    """Chat completions answering ``script[stage]`` (a str or ``f(body) -> str``).
+def scripted_server(script: Mapping[str, str], *, barrier: bool = False) -> OpenAIServer:
+    """An `OpenAIServer` answering ``script[stage]``, the stage from ``X-AgentSpec-Stage``.
 
     A stage missing from the script answers HTTP 500.  With ``barrier``, the
     SQL1..SQL3 requests each wait (up to 10 s) until all three have arrived,
     so they only succeed when the client sends them concurrently.
     """
+    gate = threading.Barrier(3, timeout=10) if barrier else None
 
-    def __init__(self, script: dict[str, Reply], *, barrier: bool = False) -> None:
-        self.script = script
-        self.calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
-        self.lock = threading.Lock()
-        self.barrier = threading.Barrier(3, timeout=10) if barrier else None
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
-        self.httpd.owner = self
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def record(self, stage: str, headers: dict[str, str], body: dict[str, Any]) -> None:
-        with self.lock:
-            self.calls.append((stage, headers, body))
-
-    def answer(self, stage: str, body: dict[str, Any]) -> tuple[int, str]:
-        if self.barrier is not None and stage in SQL_STAGES:
+    def reply(request: RecordedRequest) -> Reply:
+        stage = stage_of(request)
+        if gate is not None and stage in SQL_STAGES:
             try:
-                self.barrier.wait()
+                gate.wait()
             except threading.BrokenBarrierError:
-                return 500, "SQL stages did not arrive concurrently"
-        reply = self.script.get(stage)
-        if reply is None:
-            return 500, f"no script for stage {stage!r}"
-        return 200, reply(body) if callable(reply) else reply
+                return Reply("SQL stages did not arrive concurrently", status=500)
+        text = script.get(stage)
+        if text is None:
+            return Reply(f"no script for stage {stage!r}", status=500)
+        return Reply(text)
 
-    def stages(self) -> list[str]:
-        with self.lock:
-            return [c[0] for c in self.calls]
+    return OpenAIServer(reply=reply)
 
-    def __enter__(self) -> ScriptedServer:
-        self.thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.thread.join(10)
-        self.httpd.server_close()
+def stage_of(request: RecordedRequest) -> str:
+    """The stage a recorded request was tagged with ("" without the header)."""
+    return request.headers.get("x-agentspec-stage", "")
+
+
+def stages(srv: OpenAIServer) -> list[str]:
+    """The stages of the requests ``srv`` received, in arrival order."""
+    return [stage_of(r) for r in srv.requests]
+
+
+def bodies(srv: OpenAIServer, stage: str) -> list[dict[str, Any]]:
+    """The bodies of ``srv``'s requests for ``stage``, in arrival order."""
+    return [r.body for r in srv.requests if stage_of(r) == stage]
 
 
 # --- fixtures ----------------------------------------------------------------------------
@@ -195,7 +130,7 @@ def client_for() -> Iterator[Callable[..., AgentSpecClient]]:
 
 
 FIX_REPLY = "```sql\nSELECT count(Singer_ID) FROM singer\n```"
-GOOD_SCRIPT: dict[str, Reply] = {
+GOOD_SCRIPT: dict[str, str] = {
     "Classify": "count",
     "Extract": 'Sure: {"tables": ["singer"], "columns": ["singer.Singer_ID"], '
     '"aggregation": "count(*)", "filters": [], "ordering": null, "limit": null}',
@@ -267,11 +202,12 @@ def test_result_lists_stages_in_pipeline_order(singer_questions, client_for):
 
 
 def test_parallel_sql_fix_and_combine(singer_questions, client_for):
-    with ScriptedServer(GOOD_SCRIPT, barrier=True) as srv:
+    with scripted_server(GOOD_SCRIPT, barrier=True) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
-        calls = list(srv.calls)
+        fixes = bodies(srv, "SQL-fix")
+        sql_bodies = {stage_of(r): r.body for r in srv.requests if stage_of(r) in SQL_STAGES}
     # the barrier only lets the three SQL stages through when they are in flight together
     assert all(r.error is None for r in res.stages), [r.error for r in res.stages]
     assert res.question_type == "count"
@@ -293,7 +229,6 @@ def test_parallel_sql_fix_and_combine(singer_questions, client_for):
     assert res.answer == "The number of singers."
     assert res.parse_failures() == {"SQL3": "no SQL query in 'I am not sure how to answer that.'"}
     # SQL-fix continues the failing stage's conversation with the EXPLAIN error
-    fixes = [body for stage, _, body in calls if stage == "SQL-fix"]
     assert len(fixes) == 2
     bad = next(b for b in fixes if "singers" in b["messages"][-2]["content"])
     assert [m["role"] for m in bad["messages"]] == ["system", "user", "assistant", "user"]
@@ -301,7 +236,6 @@ def test_parallel_sql_fix_and_combine(singer_questions, client_for):
     assert "no such table: singers" in bad["messages"][-1]["content"]
     assert "stadium(" in bad["messages"][-1]["content"]  # the full schema comes with it
     # the SQL stages used three different prompts on the schema subset
-    sql_bodies = {stage: body for stage, _, body in calls if stage in SQL_STAGES}
     prompts = {json.dumps(b["messages"]) for b in sql_bodies.values()}
     assert len(prompts) == 3
     assert all("singer(Singer_ID NUMBER PK, Name TEXT)" in p for p in prompts)
@@ -311,21 +245,21 @@ def test_parallel_sql_fix_and_combine(singer_questions, client_for):
 
 def test_no_fix_without_explain_error(singer_questions, client_for):
     script = {**GOOD_SCRIPT, "SQL2": GOOD_SCRIPT["SQL1"], "SQL3": GOOD_SCRIPT["SQL1"]}
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
-        assert "SQL-fix" not in srv.stages()
+        assert "SQL-fix" not in stages(srv)
     assert all(c.explain_ok and not c.fixed for c in res.candidates)
 
 
 def test_fix_is_tried_once_then_given_up(singer_questions, client_for):
     script = {**GOOD_SCRIPT, "SQL-fix": "```sql\nSELECT nope FROM singer\n```"}
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
-        assert srv.stages().count("SQL-fix") == 2  # SQL2 and SQL3, once each
+        assert stages(srv).count("SQL-fix") == 2  # SQL2 and SQL3, once each
     c2 = res.candidates[1]
     assert c2.fixed
     assert not c2.explain_ok
@@ -333,24 +267,24 @@ def test_fix_is_tried_once_then_given_up(singer_questions, client_for):
 
 
 def test_no_fix_when_disabled(singer_questions, client_for):
-    with ScriptedServer(GOOD_SCRIPT) as srv:
+    with scripted_server(GOOD_SCRIPT) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m", fix=False)) as pipe:
             res = pipe.run(singer_questions[0])
-        assert "SQL-fix" not in srv.stages()
+        assert "SQL-fix" not in stages(srv)
     assert [c.explain_ok for c in res.candidates] == [True, False, False]
 
 
 def test_combine_choice_and_vote(singer_questions, client_for):
     choice = {**GOOD_SCRIPT, "Combine": "SQL: 2\nANSWER: How many singers there are."}
-    with ScriptedServer(choice) as srv:
+    with scripted_server(choice) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
     assert res.final_source == "combine-choice"
     assert res.final_sql == "SELECT count(Singer_ID) FROM singer"
     broken = {**GOOD_SCRIPT, "Combine": "SQL: SELECT everything FROM nowhere\nANSWER: x."}
-    with ScriptedServer(broken) as srv:
+    with scripted_server(broken) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
@@ -360,7 +294,7 @@ def test_combine_choice_and_vote(singer_questions, client_for):
 
 
 def test_garbage_answers_are_recorded_not_raised(singer_questions, client_for):
-    script: dict[str, Reply] = {
+    script: dict[str, str] = {
         "Classify": "banana",
         "Extract": "tables: singer",
         "Enrich": "I would use the people table.",
@@ -370,7 +304,7 @@ def test_garbage_answers_are_recorded_not_raised(singer_questions, client_for):
         "SQL-fix": "sorry",
         "Combine": "???",
     }
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
@@ -403,7 +337,7 @@ def test_garbage_answers_are_recorded_not_raised(singer_questions, client_for):
 
 def test_request_errors_are_recorded(singer_questions, client_for):
     script = {k: v for k, v in GOOD_SCRIPT.items() if k not in ("Extract", "SQL2")}
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
@@ -417,11 +351,11 @@ def test_request_errors_are_recorded(singer_questions, client_for):
 
 
 def test_few_shot_uses_earlier_answers(singer_questions, client_for):
-    with ScriptedServer(GOOD_SCRIPT) as srv:
+    with scripted_server(GOOD_SCRIPT) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             first, second = pipe.run_all(singer_questions[:2])
-        sql3 = [body for stage, _, body in srv.calls if stage == "SQL3"]
+        sql3 = bodies(srv, "SQL3")
     assert first.explain_ok
     shot = f"Question: {first.question}\n```sql\n{first.final_sql}\n```"
     assert shot not in sql3[0]["messages"][-1]["content"]
@@ -436,17 +370,17 @@ def test_extra_body_and_reasoning_blocks(singer_questions, client_for):
         "Combine": "<think>SQL: SELECT bad FROM nowhere",  # cut off inside its reasoning
     }
     extra = {"chat_template_kwargs": {"enable_thinking": False}}
-    with ScriptedServer(script) as srv:
+    with scripted_server(script) as srv:
         client = client_for(srv.base_url)
         config = PipelineConfig(model="m", extra_body=extra)
         with Text2SQLPipeline(client, config) as pipe:
             res = pipe.run(singer_questions[0])
-        bodies = [body for _, _, body in srv.calls]
+        sent = [r.body for r in srv.requests]
     assert res.question_type == "count"
     assert res.stages[0].output == "count"
     assert res.stages[-1].output == ""
     assert res.final_source == "vote"
-    for body in bodies:
+    for body in sent:
         assert body["chat_template_kwargs"] == {"enable_thinking": False}
         assert body["vllm_xargs"]["agentspec_pipeline"] == "text2sql"
 
@@ -616,7 +550,7 @@ def test_command_line(tmp_path, capsys):
 
 
 def test_print_result_handles_errors(singer_questions, client_for):
-    with ScriptedServer({"Classify": "count"}) as srv:
+    with scripted_server({"Classify": "count"}) as srv:
         client = client_for(srv.base_url)
         with Text2SQLPipeline(client, PipelineConfig(model="m")) as pipe:
             res = pipe.run(singer_questions[0])
