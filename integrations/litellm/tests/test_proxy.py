@@ -131,6 +131,25 @@ def test_streamed_and_non_streamed_outputs_are_learned_and_pushed(
     assert worker["tokens"] == expected_tokens
 
 
+def test_text_completions_are_tagged_and_learned(
+    proxy: Process, proxy_dir: Path, forwarder: Forwarder
+) -> None:
+    before = len(forwarder.completions())
+    resp = client(proxy).completions.create(
+        model="smol",
+        prompt="The capital of France is",
+        max_tokens=6,
+        temperature=0,
+        extra_headers={"X-AgentSpec-Stage": "Text"},
+    )
+    assert resp.choices[0].text
+    assert last_upstream(forwarder, before)["vllm_xargs"]["agentspec_stage"] == "Text"
+    assert resp.usage is not None
+    learned = wait_shard(proxy_dir, "team-a", "Text", 1)
+    lead = min(8, resp.usage.prompt_tokens)
+    assert learned["tokens"] == lead + resp.usage.completion_tokens
+
+
 def test_client_asking_for_token_ids_keeps_them(proxy: Process) -> None:
     resp = client(proxy).chat.completions.create(
         model="smol",
