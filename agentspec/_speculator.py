@@ -15,6 +15,20 @@ prompt (the generation prompt, e.g. ``<|im_start|>assistant\n``, and the end
 of the last turn), so a shard also knows how its stage's responses start:
 a request's first draft, made before it has generated anything, matches that
 lead instead of nothing.
+
+Live learning (``live=True``): a request's lead + response is appended to its
+shards as an open sequence while it is generated (`extend`), closed by
+`finish` (or removed, when the response is not to be learned), so requests in
+flight at the same time (e.g. the candidate queries of one question) draft
+from each other's partial outputs, as Arctic Inference's global tree does.  A
+request also meets its own open sequence there, but that occurrence ends at
+the request's context and so has no continuation: it adds no evidence at the
+match point (drafts divide by the continuations' total, not by the match
+count), only the request's own earlier repetitions, which its per-request
+tree holds anyway.  Open sequences are never evicted: ``max_shard_tokens``
+counts them, but evicts closed ones only, oldest first, when a sequence is
+closed or added; so with one request at a time the shards end every `finish`
+exactly as without live learning (a response not learned leaves no trace).
 """
 
 from __future__ import annotations
@@ -51,10 +65,16 @@ def _int32_array(tokens: TokenArray) -> array.array[int]:
 
 @dataclass
 class _Shard:
-    """A global tree, its sequences oldest first as (id, length), and its token count."""
+    """A global tree and what it holds.
+
+    ``order`` lists its closed sequences oldest first as (id, length), the
+    only ones eviction removes; ``live`` maps each open (in-flight) sequence
+    to its length so far; ``tokens`` counts both.
+    """
 
     tree: SuffixTree
     order: deque[tuple[int, int]] = field(default_factory=deque)
+    live: dict[int, int] = field(default_factory=dict)
     tokens: int = 0
 
 
@@ -68,6 +88,7 @@ class _Request:
     lead: array.array[int] | None = None  # the prompt's last tokens, learned before `response`
     trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
     version: int = -1  # the Speculator's shard version `trees` was computed at
+    seq: int | None = None  # id of its open sequence in its shards (live learning)
 
 
 class Speculator:
@@ -87,6 +108,9 @@ class Speculator:
         max_shard_tokens: optional FIFO token budget per tree.
         lead_tokens: learn each response behind this many of its prompt's
             last tokens (0: the response alone).
+        live: learn each response while it is generated, as an open
+            sequence of its shards (see the module docstring), instead of
+            when it finishes.
 
     Not thread-safe: use one Speculator from one thread (or lock around it).
     """
@@ -102,6 +126,7 @@ class Speculator:
         cold_tokens: int = 256,
         max_shard_tokens: int | None = None,
         lead_tokens: int = 8,
+        live: bool = False,
     ) -> None:
         """Create an empty speculator (see the class docstring for the arguments)."""
         check_max_depth(max_depth)
@@ -119,11 +144,12 @@ class Speculator:
         self._cold_tokens = cold_tokens
         self._max_tokens = max_shard_tokens
         self._lead_tokens = lead_tokens
+        self._live = live
         self._stages: dict[ShardKey, _Shard] = {}
         self._pipelines: dict[str | None, _Shard] = {}
         self._requests: dict[Hashable, _Request] = {}
         self._next_seq = 0
-        self._version = 0  # bumped whenever a shard is created or learns
+        self._version = 0  # bumped whenever the trees a request drafts from may change
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
 
     # --- requests -------------------------------------------------------------
@@ -147,12 +173,40 @@ class Speculator:
         cursor = Cursor(self._max_depth, local_tree=self._local_tree, prompt=prompt)
         self._requests[req_id] = _Request(cursor, (pipeline, stage), lead=self._lead(prompt))
 
+    @property
+    def live(self) -> bool:
+        """Whether responses are learned while they are generated."""
+        return self._live
+
     def extend(self, req_id: Hashable, tokens: TokenArray) -> None:
-        """Append generated (accepted) tokens to a request's context."""
+        """Append generated (accepted) tokens to a request's context.
+
+        With live learning they are also appended to the request's open
+        sequence in its stage and pipeline shards.
+        """
         req = self._request(req_id)
         ptr, n, keep = as_int32_buffer(tokens)
         req.cursor._extend_buffer(ptr, n, keep)
         req.response.extend(keep.tolist() if not isinstance(keep, array.array) else keep)
+        if self._live and n:
+            self._grow(req, n)
+
+    def _grow(self, req: _Request, n: int) -> None:
+        """Append a request's last ``n`` response tokens to its open sequence."""
+        if req.seq is None:
+            req.seq = self._next_seq
+            self._next_seq += 1
+        seq = req.seq
+        for shard in self._shards_for(req.key, create=True):
+            have = shard.live.get(seq)
+            if have is None:  # its first tokens: lead and response so far
+                chunk = req.response if req.lead is None else req.lead + req.response
+                have = 0
+            else:
+                chunk = req.response[len(req.response) - n :]
+            shard.tree.append(seq, chunk)
+            shard.live[seq] = have + len(chunk)
+            self._resize(shard, len(chunk))
 
     def draft(
         self,
@@ -210,12 +264,31 @@ class Speculator:
         return trees
 
     def finish(self, req_id: Hashable, *, learn: bool = True) -> None:
-        """End a request; with ``learn`` its response joins its stage and pipeline shards."""
+        """End a request; with ``learn`` its response joins its stage and pipeline shards.
+
+        With live learning the response is already there, as an open
+        sequence: ``learn`` closes it, otherwise it is removed.
+        """
         req = self._requests.pop(req_id, None)
         if req is None:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
         req.cursor.close()
-        if learn and len(req.response) > 0:
+        if req.seq is not None:
+            self._version += 1
+            for shard in self._shards_for(req.key, create=False):
+                n = shard.live.pop(req.seq, None)
+                if n is None:
+                    continue
+                if learn:
+                    shard.tree.close_sequence(req.seq)
+                    shard.order.append((req.seq, n))
+                    self._evict(shard)
+                else:
+                    shard.tree.remove(req.seq)
+                    self._resize(shard, -n)
+            if not learn:
+                self._drop_empty(req.key)
+        elif learn and len(req.response) > 0:
             seq = req.response if req.lead is None else req.lead + req.response
             self._add(seq, (req.key[0], req.key[1]))
 
@@ -256,16 +329,50 @@ class Speculator:
         for shard in self._shards_for((pipeline, stage), create=True):
             self._learn(shard, seq, keep, n)
 
+    def _drop_empty(self, key: ShardKey) -> None:
+        """Undo the shards an unlearned live response made, as if it never came.
+
+        Without live learning a shard exists once a response was learned into
+        it, and a pipeline tree once its pipeline has two stage shards; a
+        removed open sequence may leave a shard that breaks this.
+        """
+        shards = self._stages if self._stage_shards else self._pipelines
+        skey: Any = key if self._stage_shards else key[0]
+        shard = shards.get(skey)
+        if shard is None or shard.order or shard.live:
+            return
+        # The trees are dropped, not closed: a caller may still hold one (see `shard`).
+        del shards[skey]
+        self._version += 1
+        if self._stage_shards and sum(k[0] == key[0] for k in self._stages) < 2:
+            self._pipelines.pop(key[0], None)
+
     def _learn(self, shard: _Shard, seq: int, tokens: Any, n: int) -> None:
-        """Add one sequence to a shard, then evict its oldest beyond the budget."""
+        """Add one closed sequence to a shard, then evict its oldest beyond the budget."""
         shard.tree.add(seq, tokens)
         shard.order.append((seq, n))
-        shard.tokens += n
-        if self._max_tokens is not None:
-            while shard.tokens > self._max_tokens and len(shard.order) > 1:
-                old, size = shard.order.popleft()
-                shard.tree.remove(old)
-                shard.tokens -= size
+        self._resize(shard, n)
+        self._evict(shard)
+
+    def _evict(self, shard: _Shard) -> None:
+        """Remove a shard's oldest closed sequences while it is over the budget.
+
+        The newest closed sequence always stays, and open ones are never
+        removed (their requests still append to them).
+        """
+        if self._max_tokens is None:
+            return
+        while shard.tokens > self._max_tokens and len(shard.order) > 1:
+            old, size = shard.order.popleft()
+            shard.tree.remove(old)
+            self._resize(shard, -size)
+
+    def _resize(self, shard: _Shard, delta: int) -> None:
+        """Change a shard's token count, invalidating cached trees when it turns warm or cold."""
+        was_warm = shard.tokens >= self._cold_tokens
+        shard.tokens += delta
+        if (shard.tokens >= self._cold_tokens) != was_warm:
+            self._version += 1
 
     # --- shards ---------------------------------------------------------------
 
@@ -329,6 +436,7 @@ class Speculator:
         yield from self._pipelines.values()
 
     def _new_shard(self) -> _Shard:
+        self._version += 1
         return _Shard(SuffixTree(self._max_depth))
 
     def _shards_for(self, key: ShardKey, *, create: bool) -> list[_Shard]:
@@ -336,7 +444,8 @@ class Speculator:
 
         While a pipeline has a single stage its pipeline tree would duplicate
         that stage's shard, so it is only made when a second stage shows up,
-        filled with what the existing stage shards hold.
+        filled with what the existing stage shards hold (their open
+        sequences stay open there, for their requests to go on appending).
         """
         out: list[_Shard] = []
         if not self._stage_shards:
@@ -358,6 +467,10 @@ class Speculator:
                     for sibling in siblings:
                         for seq, n in sibling.order:
                             self._learn(pipe, seq, sibling.tree.sequence(seq), n)
+                        for seq, n in sibling.live.items():
+                            pipe.tree.append(seq, sibling.tree.sequence(seq))
+                            pipe.live[seq] = n
+                            self._resize(pipe, n)
             if pipe is not None:
                 out.append(pipe)
         return out

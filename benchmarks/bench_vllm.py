@@ -164,10 +164,20 @@ def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
 class Server:
     """A vLLM API server process (its own process group), stopped on exit."""
 
-    def __init__(self, python: str, model: Path, method: str, k: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        python: str,
+        model: Path,
+        method: str,
+        k: int,
+        log_dir: Path,
+        agentspec_env: dict[str, str] | None = None,
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         flags, env_add = method_launch(method, k)
+        if method.startswith("agentspec"):
+            env_add = {**env_add, **(agentspec_env or {})}
         self.argv = [
             python,
             "-m",
@@ -319,7 +329,10 @@ def bench_method(
     """Start a server for ``method``, warm it up, measure every concurrency level."""
     ours = method.startswith("agentspec")
     results = []
-    with Server(args.python, model, method, args.k, args.log_dir) as server:
+    agentspec_env = {}
+    if args.live_learning is not None:
+        agentspec_env["AGENTSPEC_VLLM_LIVE_LEARNING"] = args.live_learning
+    with Server(args.python, model, method, args.k, args.log_dir, agentspec_env) as server:
         store = ShardStore()
         if method == "agentspec-pushed":
             for key, data in shards.items():
@@ -430,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         "--quick",
         action="store_true",
         help="small run: 10 warm-up sessions, 12 requests per level, 48 tokens",
+    )
+    p.add_argument(
+        "--live-learning",
+        choices=("on", "off"),
+        default=None,
+        help="agentspec methods: learn responses while generated (default: the proposer's)",
     )
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentspec import DraftParams, Speculator
 from agentspec.exceptions import InvalidArgumentError
@@ -193,3 +197,203 @@ def test_extra_trees_are_drafted_from_after_own_shards() -> None:
             spec.draft("r", extra_trees=[pushed] * (MAX_EXTRA_TREES + 1))
         with pytest.raises(TypeError, match="SuffixTree"):
             spec.draft("r", extra_trees=[object()])  # type: ignore[list-item]
+
+
+# --- live learning --------------------------------------------------------------------
+
+
+def _contents(spec: Speculator) -> dict[object, list[list[int]]]:
+    """Every shard's closed sequences (oldest first) and open ones, by shard."""
+    out: dict[object, list[list[int]]] = {}
+    for name, shards in (("stage", spec._stages), ("pipeline", spec._pipelines)):
+        for key, shard in shards.items():
+            closed = [shard.tree.sequence(seq) for seq, _ in shard.order]
+            opened = sorted(shard.tree.sequence(seq) for seq in shard.live)
+            assert shard.tokens == shard.tree.stats().tokens
+            assert shard.tree.stats().open_sequences == len(shard.live)
+            out[(name, key)] = [*closed, [-1], *opened]
+    return out
+
+
+def test_live_requests_draft_from_each_others_partial_outputs() -> None:
+    """With live=True an unfinished response already serves its stage and pipeline."""
+    with Speculator(16, live=True, local_tree=False, cold_tokens=0, params=PARAMS) as spec:
+        assert spec.live
+        run(spec, "old", [0], [40, 41], "Other")  # the pipeline has two stages
+        spec.start_request("a", [0], stage="SQL", pipeline="p")
+        spec.extend("a", SQL[:2])
+        spec.extend("a", SQL[2:])  # "a" is still generating
+        spec.start_request("b", [9, *SQL[:2]], stage="SQL", pipeline="p")
+        draft, role = spec.draft_source("b")
+        assert (draft.token_ids, role) == (SQL[2:], "stage")
+        spec.start_request("c", [9, *SQL[:2]], stage="Other", pipeline="p")
+        draft, role = spec.draft_source("c")
+        assert (draft.token_ids, role) == (SQL[2:], "pipeline")
+        tree = spec.shard("SQL", "p")
+        assert tree is not None
+        assert tree.stats().open_sequences == 1
+        spec.finish("a")
+        assert tree.stats().open_sequences == 0
+        assert [tree.sequence(i) for i in tree.sequence_ids()] == [[0, *SQL]]
+        spec.finish("b", learn=False)
+        spec.finish("c", learn=False)
+
+
+def test_live_learning_off_learns_only_at_finish() -> None:
+    """The default (live=False) keeps in-flight responses out of the shards."""
+    with Speculator(16, local_tree=False, cold_tokens=0, params=PARAMS) as spec:
+        assert not spec.live
+        run(spec, "old", [0], [1, 2], "SQL")
+        spec.start_request("a", [0], stage="SQL", pipeline="p")
+        spec.extend("a", SQL)
+        spec.start_request("b", SQL[:2], stage="SQL", pipeline="p")
+        assert spec.draft("b").token_ids == []
+        spec.finish("a")
+        assert spec.draft("b").token_ids == SQL[2:]
+
+
+def test_live_finish_without_learning_removes_the_response() -> None:
+    """learn=False takes the open sequence out of every shard again."""
+    with Speculator(16, live=True, max_shard_tokens=100) as spec:
+        run(spec, "old", [0], [1, 2], "Other")
+        before = _contents(spec)
+        spec.start_request("a", [1, 2, 3], stage="S", pipeline="p")
+        spec.extend("a", [4, 5])
+        spec.extend("a", [6])
+        tree = spec.shard("S", "p")
+        assert tree is not None
+        assert tree.count([4, 5, 6]) == 1
+        spec.finish("a", learn=False)
+        assert _contents(spec) == before  # its stage shard and the pipeline tree are gone
+        assert spec.shard("S", "p") is None
+        assert spec.pipeline_tree("p") is None
+
+
+def test_live_open_sequences_are_never_evicted() -> None:
+    """The budget evicts closed responses only; a long open one survives intact."""
+    with Speculator(16, live=True, lead_tokens=0, max_shard_tokens=6) as spec:
+        run(spec, "old1", [0], [50, 51, 52], "S")
+        run(spec, "old2", [0], [60, 61, 62], "S")
+        spec.start_request("a", [0], stage="S", pipeline="p")
+        spec.extend("a", [70, 71])
+        spec.start_request("b", [0], stage="S", pipeline="p")
+        spec.extend("b", list(range(80, 90)))
+        tree = spec.shard("S", "p")
+        assert tree is not None
+        assert tree.stats().tokens == 18  # over budget while generating: nothing is evicted
+        run(spec, "new", [0], [90], "S")  # a sequence joins: the closed ones go, oldest first
+        assert [tree.count([t]) for t in (50, 60, 70, 80, 90)] == [0, 0, 1, 1, 1]
+        spec.finish("a")  # closed after "new": "new" is the oldest closed one now
+        assert [tree.count([t]) for t in (70, 80, 90)] == [1, 1, 0]
+        spec.finish("b")
+        assert [tree.sequence(i) for i in tree.sequence_ids()] == [list(range(80, 90))]
+
+
+def test_live_open_sequence_moves_into_a_new_pipeline_tree() -> None:
+    """A pipeline tree made while a request generates keeps its sequence open there."""
+    with Speculator(16, live=True, lead_tokens=0, local_tree=False, cold_tokens=0) as spec:
+        spec.start_request("a", [0], stage="SQL", pipeline="p")
+        spec.extend("a", SQL[:3])
+        assert spec.pipeline_tree("p") is None
+        run(spec, "b", [0], JSON, "Extract")  # the second stage makes the pipeline tree
+        pipe = spec.pipeline_tree("p")
+        assert pipe is not None
+        assert pipe.stats().open_sequences == 1
+        spec.extend("a", SQL[3:])
+        spec.finish("a")
+        assert sorted(pipe.sequence(i) for i in pipe.sequence_ids()) == [SQL, JSON]
+        assert pipe.stats().open_sequences == 0
+
+
+def test_live_own_open_sequence_adds_no_evidence_at_the_match() -> None:
+    """A request's own occurrence ends its context: it never dilutes a draft's probabilities."""
+    with Speculator(16, live=True, lead_tokens=0, local_tree=False, cold_tokens=0) as spec:
+        for i in range(3):
+            run(spec, i, [0], [1, 2, 3, 4], "S")
+        run(spec, "odd", [0], [1, 2, 9, 9], "S")
+        spec.start_request("r", [0], stage="S", pipeline="p")
+        spec.extend("r", [1, 2])  # the shard now also holds "1 2" with nothing after it
+        draft = spec.draft("r", PARAMS)
+        assert draft.token_ids[:2] == [3, 4]
+        assert draft.probs[0] == pytest.approx(0.75)  # 3 of the 4 continuations, not 3 of 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["A", "B", "C"]),
+            st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=4), max_size=4),
+            st.booleans(),
+            st.lists(st.integers(1, 6), max_size=4),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from([None, 0, 8, 20]),
+    st.sampled_from([0, 5]),
+    st.sampled_from([0, 2]),
+)
+def test_live_sequential_requests_match_learning_at_finish(
+    requests: list[tuple[str, list[list[int]], bool, list[int]]],
+    budget: int | None,
+    cold: int,
+    lead: int,
+) -> None:
+    """One request at a time, live and finish-time learning leave the same shards.
+
+    Each request's first draft (made before it generates) agrees too, and so
+    do the trees every request drafts from (the cached list is never stale).
+    """
+    kwargs: dict[str, Any] = {"max_shard_tokens": budget, "cold_tokens": cold}
+    kwargs.update(lead_tokens=lead, params=PARAMS)
+    with Speculator(16, **kwargs) as late, Speculator(16, live=True, **kwargs) as live:
+        for n, (stage, chunks, learn, prompt) in enumerate(requests):
+            for spec in (late, live):
+                spec.start_request(n, prompt, stage=stage, pipeline="p")
+            assert live.draft(n) == late.draft(n)
+            for chunk in chunks:
+                for spec in (late, live):
+                    spec.extend(n, chunk)
+                req = live._requests[n]
+                assert live._request_trees(req) == live._trees_for(req.key)
+            for spec in (late, live):
+                spec.finish(n, learn=learn)
+            assert _contents(live) == _contents(late)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(["A", "B"]), st.integers(0, 3)),
+        max_size=40,
+    ),
+    st.sampled_from([None, 10]),
+)
+def test_live_interleaved_requests_keep_shards_consistent(
+    steps: list[tuple[int, str, int]], budget: int | None
+) -> None:
+    """Concurrent requests, started, extended and finished in any order.
+
+    The shards' counters match their trees, every open sequence is exactly
+    its request's lead + response, and cached draft trees are never stale.
+    """
+    with Speculator(16, live=True, max_shard_tokens=budget, cold_tokens=6, lead_tokens=2) as spec:
+        responses: dict[int, list[int]] = {}
+        for rid, stage, action in steps:
+            if rid not in responses:
+                spec.start_request(rid, [7, 8, rid], stage=stage, pipeline="p")
+                responses[rid] = []
+            elif action == 0:
+                spec.finish(rid, learn=rid % 2 == 0)
+                del responses[rid]
+            else:
+                spec.extend(rid, [rid + 1] * action)
+                responses[rid] += [rid + 1] * action
+            _contents(spec)
+            for r, response in responses.items():
+                req = spec._requests[r]
+                assert spec._request_trees(req) == spec._trees_for(req.key)
+                if req.seq is None:
+                    continue
+                for shard in spec._shards_for(req.key, create=False):
+                    assert shard.tree.sequence(req.seq) == [8, r, *response]

@@ -17,6 +17,9 @@ cold_tokens       AGENTSPEC_VLLM_COLD_TOKENS      256      see `agentspec.Specul
 max_shard_tokens  AGENTSPEC_VLLM_MAX_SHARD_TOKENS  none    FIFO token budget per learned tree
 local_tree        AGENTSPEC_VLLM_LOCAL_TREE       true     per-request tree over prompt + output
 learn             AGENTSPEC_VLLM_LEARN            true     learn finished responses on the worker
+live_learning     AGENTSPEC_VLLM_LIVE_LEARNING    true     learn responses while they are
+                                                           generated, so concurrent requests
+                                                           draft from each other (with learn)
 api_key           AGENTSPEC_API_KEY               none     bearer token the shard intake demands
 shm_dir           AGENTSPEC_SHM_DIR               none     directory ``snapshot-file`` pushes may
                                                            name (none: refused)
@@ -62,6 +65,7 @@ class AgentSpecVllmConfig:
     max_shard_tokens: int | None = None
     local_tree: bool = True
     learn: bool = True
+    live_learning: bool = True
     api_key: str | None = dataclasses.field(default=None, repr=False)
     shm_dir: str | None = None
     max_body_bytes: int = 256 << 20

@@ -26,7 +26,10 @@ never draft from each other's responses; within a tenant a request drafts
 from its stage shard, its pipeline tree and the stage's pushed shard (see
 `agentspec_vllm.shards`).  A request that left the runner's request table
 finished: its response is learned into its stage shard (behind its prompt's
-last tokens) and its cursor freed.
+last tokens) and its cursor freed.  With ``live_learning`` (the default) a
+response joins its shards token batch by token batch while it is generated,
+so requests running at the same time (e.g. several candidate answers to one
+question) draft from each other's partial outputs.
 
 Drafts never exceed ``num_speculative_tokens`` nor reach ``max_model_len``,
 requests still in prefill get none, and drafted ids are always below the
@@ -288,6 +291,7 @@ class AgentSpecProposer:
                 cold_tokens=cfg.cold_tokens,
                 max_shard_tokens=cfg.max_shard_tokens,
                 lead_tokens=cfg.lead_tokens,
+                live=cfg.live_learning and cfg.learn,
             )
         return spec
 

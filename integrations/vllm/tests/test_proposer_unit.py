@@ -407,3 +407,48 @@ def test_intake_is_shared_per_process() -> None:
     b = AgentSpecProposer(vllm_config())
     assert a.intake is b.intake
     assert isinstance(a.intake, ShardIntake)
+
+
+def _head_start_steps(head: int, **agentspec: Any) -> int:
+    """Steps "b" takes to generate ANSWER while "a", ``head`` tokens ahead, generates it too."""
+    proposer = AgentSpecProposer(vllm_config(**agentspec))
+    loop = Loop(proposer)
+    loop.add("a", PROMPT, ANSWER, stage="SQL", pipeline="t2s")
+    loop.add("b", [1, *PROMPT], ANSWER, stage="SQL", pipeline="t2s")
+    for _ in range(head):
+        loop.step(prefill=frozenset({"b"}))
+    while loop.done["b"] < len(ANSWER):
+        loop.step()
+    return loop.steps["b"]
+
+
+def test_live_learning_drafts_from_requests_in_flight() -> None:
+    """A request drafts from a concurrent one's partial output only with live_learning."""
+    assert load_config({}, {}).live_learning
+    assert not load_config({}, {"AGENTSPEC_VLLM_LIVE_LEARNING": "off"}).live_learning
+    live = _head_start_steps(10)
+    late = _head_start_steps(10, live_learning=False)
+    off = _head_start_steps(10, learn=False)
+    assert live < late
+    assert off == len(ANSWER)  # learn=False also turns live learning off
+
+
+def test_live_response_of_a_restarted_request_is_not_learned() -> None:
+    """A request whose prompt changed (recomputed) drops its partial response from the shard."""
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.add("a", PROMPT, ANSWER, stage="S")
+    for _ in range(4):
+        loop.step()
+    spec = proposer._tenants["default"]
+    tree = spec.shard(stage="S")
+    assert tree is not None
+    assert tree.stats().open_sequences == 1
+    loop.num_prompt[0] = len(PROMPT) + 1  # same request object, new prompt: restarted
+    loop.step()
+    tree = spec.shard(stage="S")
+    assert tree is not None
+    assert (len(tree), tree.stats().open_sequences) == (1, 1)  # the old one is gone
+    loop.remove("a")
+    loop.step()
+    assert (len(tree), tree.stats().open_sequences) == (1, 0)
