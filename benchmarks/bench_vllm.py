@@ -172,6 +172,7 @@ class Server:
         k: int,
         log_dir: Path,
         agentspec_env: dict[str, str] | None = None,
+        max_model_len: int = 2048,
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -191,7 +192,7 @@ class Server:
             "--port",
             str(self.port),
             "--max-model-len",
-            "2048",
+            str(max_model_len),
             "--enforce-eager",
             "--max-num-seqs",
             "32",
@@ -332,7 +333,9 @@ def bench_method(
     agentspec_env = {}
     if args.live_learning is not None:
         agentspec_env["AGENTSPEC_VLLM_LIVE_LEARNING"] = args.live_learning
-    with Server(args.python, model, method, args.k, args.log_dir, agentspec_env) as server:
+    with Server(
+        args.python, model, method, args.k, args.log_dir, agentspec_env, args.max_model_len
+    ) as server:
         store = ShardStore()
         if method == "agentspec-pushed":
             for key, data in shards.items():
@@ -439,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=32, help="measured requests per level")
     p.add_argument("--concurrency", default="1,8", help="levels, e.g. 1,8,32")
     p.add_argument("--max-prompt-chars", type=int, default=4000)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        help="vLLM --max-model-len (SmolLM2: up to 8192; long agent prompts need 4096+)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
