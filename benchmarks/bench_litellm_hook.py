@@ -24,10 +24,8 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,13 +36,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentspec._procs import free_port, spawn, stop_group, wait_healthy
+
 MASTER_KEY = "sk-bench-0123456789abcdef0123456789abcdef0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def upstream(tokens: int) -> ThreadingHTTPServer:
@@ -147,32 +141,13 @@ def proxy(
     port = free_port()
     litellm = Path(sys.executable).with_name("litellm")
     cmd = [str(litellm), "--config", str(workdir / "config.yaml"), "--port", str(port)]
-    with (workdir / "proxy.log").open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    proc = spawn(cmd, workdir / "proxy.log", env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health/liveliness", timeout=5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"proxy did not start, see {workdir / 'proxy.log'}"
-                    ) from None
-                time.sleep(0.5)
+        wait_healthy(proc, f"{url}/health/liveliness", 120, workdir / "proxy.log")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc, grace=15)
 
 
 def one_request(url: str, stream: bool, i: int) -> float:

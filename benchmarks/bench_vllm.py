@@ -40,12 +40,9 @@ Run ``python benchmarks/bench_vllm.py --help``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +60,7 @@ if __package__ in (None, ""):
 import openai
 
 from agentspec import AgentSpecClient, ShardKey, ShardPusher, ShardStore
+from agentspec._procs import free_port, spawn, stop_group, wait_healthy
 from agentspec.cli_vllm import API_SERVER_MODULE, vllm_launch
 from agentspec.models import ensure_default_model
 
@@ -135,12 +133,6 @@ def load_prompts(path: Path, max_chars: int) -> list[list[Prompt]]:
 # --- the server ------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
     """vLLM flags and environment additions of one method."""
     if method == "none":
@@ -174,7 +166,7 @@ class Server:
         agentspec_env: dict[str, str] | None = None,
         max_model_len: int = 2048,
     ) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         flags, env_add = method_launch(method, k)
         if method.startswith("agentspec"):
@@ -209,40 +201,14 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"vLLM exited ({self.proc.returncode}):\n{tail}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/health", timeout=2),
-            ):
-                return self
-            time.sleep(1.0)
-        self.__exit__()
-        raise RuntimeError("vLLM did not start within 600 s")
+        self.proc = spawn(self.argv, self.log_path, self.env)
+        wait_healthy(self.proc, self.url + "/health", 600, self.log_path)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        if proc is not None:
+            stop_group(proc, grace=60)
 
     def spec_counters(self) -> tuple[float, float]:
         """``(accepted tokens, drafts)`` so far, from ``/metrics``."""

@@ -19,13 +19,10 @@ import contextlib
 import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,46 +30,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentspec._procs import free_port, log_tail, spawn, stop_group, wait_healthy
+
 ENGINE_PYTHON_ENV = "AGENTSPEC_ENGINE_PYTHON"
 LITELLM_BIN = Path(sys.executable).with_name("litellm")
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Poll ``url`` until it answers 200; raise with the reason on timeout or exit."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError as exc:
-            last = exc
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout} s (last: {last})")
-
-
-def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL after ``grace`` seconds."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 @dataclass
@@ -85,22 +46,7 @@ class Process:
 
     def log_tail(self, n: int = 4000) -> str:
         """The end of the process's output (for failure messages)."""
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-
-def _spawn(cmd: list[str], log: Path, env: Mapping[str, str], cwd: Path | None = None) -> Any:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
+        return log_tail(self.log, n)
 
 
 @contextlib.contextmanager
@@ -111,7 +57,7 @@ def start_engine(workdir: Path) -> Iterator[Process]:
     log = workdir / "engine.log"
     cmd = [python, "-m", "agentspec", "serve", "smollm2-135m", "--engine", "embedded"]
     cmd += ["--port", str(port), "--threads", "2"]
-    with _serving(_spawn(cmd, log, os.environ), port, log, "/health", 240, "engine") as server:
+    with _serving(spawn(cmd, log, os.environ), port, log, "/health", 240, "engine") as server:
         yield server
 
 
@@ -122,12 +68,12 @@ def _serving(
     """Wait for ``health`` to answer, yield the server, stop it; failures carry its log."""
     server = Process(proc, f"http://127.0.0.1:{port}", log)
     try:
-        wait_http(f"{server.url}{health}", timeout, proc)
+        wait_healthy(proc, f"{server.url}{health}", timeout, log)
         yield server
     except Exception as exc:
         raise RuntimeError(f"{what} failed: {exc}\n{server.log_tail()}") from exc
     finally:
-        stop(proc)
+        stop_group(proc, grace=10)
 
 
 @contextlib.contextmanager
@@ -151,7 +97,7 @@ def start_proxy(
     log = workdir / "proxy.log"
     cmd = [str(LITELLM_BIN), "--config", str(workdir / "config.yaml")]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    proc = _spawn(cmd, log, env, cwd=workdir)
+    proc = spawn(cmd, log, env, cwd=workdir)
     with _serving(proc, port, log, "/health/liveliness", 120, "proxy") as server:
         yield server
 

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import http.client
 import importlib.util
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,6 +37,7 @@ from agentspec_vllm.endpoint import (
 )
 
 from agentspec import ShardIntake, SuffixTree
+from agentspec._procs import free_port, log_tail, spawn, stop_group, wait_healthy
 from agentspec._wire import (
     DELTA_PATH,
     INSTANCE_HEADER,
@@ -315,12 +309,6 @@ def test_plugin_object_matches_vllms_protocol():
 # --- real vLLM ---------------------------------------------------------------------
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VllmServer:
     """One vLLM API server started with agentspec's flags (as ``agentspec serve`` builds them)."""
 
@@ -332,7 +320,7 @@ class VllmServer:
         self.shm_dir = Path(tempfile.mkdtemp(prefix="agentspec-test-", dir="/dev/shm"))
         parser = argparse.ArgumentParser()
         cli_vllm.add_serve_arguments(parser)
-        self.port = _free_port()
+        self.port = free_port()
         argv = [
             "smollm2-135m",
             "--port",
@@ -364,41 +352,17 @@ class VllmServer:
 
     def start(self, timeout=300.0):
         self.starts += 1
-        log = open(self.log_dir / f"vllm-{self.port}-{self.starts}.log", "wb")  # noqa: SIM115
-        self.log_path = log.name
-        self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/health", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    return
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM did not start within {timeout} s:\n{self.log_tail()}")
+        self.log_path = self.log_dir / f"vllm-{self.port}-{self.starts}.log"
+        self.proc = spawn(self.argv, self.log_path, self.env)
+        wait_healthy(self.proc, self.url + "/health", timeout, self.log_path)
 
     def log_tail(self, n=4000):
-        return Path(self.log_path).read_text(errors="replace")[-n:]
+        return log_tail(self.log_path, n)
 
     def stop(self):
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        if proc is not None:
+            stop_group(proc)
 
     def close(self):
         self.stop()
