@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import operator
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -16,9 +17,11 @@ from agentspec.exceptions import CapacityError, InvalidArgumentError
 
 __all__ = ["BatchDrafter", "BatchItem", "draft_batch"]
 
-#: One request of a batch: its cursor, the global tree to draft from (or
-#: None) and the tokens accepted since its last draft (or None).
-BatchItem = tuple[Cursor, "SuffixTree | None", "TokenArray | None"]
+#: One request of a batch: its cursor, the global tree(s) to draft from (one
+#: tree, a sequence of at most `_lowlevel.MAX_GLOBALS` trees in order of
+#: preference on equal scores, or None) and the tokens accepted since its last
+#: draft (or None).
+BatchItem = tuple[Cursor, "SuffixTree | Sequence[SuffixTree] | None", "TokenArray | None"]
 
 _MAX_THREADS = 1024
 
@@ -41,9 +44,11 @@ def _note(exc: BaseException, index: int) -> None:
 class BatchDrafter:
     """Drafts for a whole batch of requests in one native call.
 
-    For each item ``(cursor, global_tree, new_tokens)``, `draft` appends
+    For each item ``(cursor, global_trees, new_tokens)``, `draft` appends
     ``new_tokens`` (if not None) to the cursor, then drafts from the cursor
-    and ``global_tree`` (if not None) with this drafter's params.  All items
+    and ``global_trees`` (one `SuffixTree`, a sequence of up to four, as
+    `Speculator` drafts from, or None) with this drafter's params and, if
+    given, a per-item cap on the draft length.  All items
     run in one C call that releases the GIL and, with ``threads > 1``, spreads
     the items over that many worker threads.
 
@@ -98,17 +103,29 @@ class BatchDrafter:
             f"max_spec_tokens={self._params.max_spec_tokens}>"
         )
 
-    def draft(self, items: Sequence[BatchItem]) -> list[Draft]:
+    def draft(self, items: Sequence[BatchItem], caps: Sequence[int] | None = None) -> list[Draft]:
         """Append each item's new tokens to its cursor, then draft; one result per item.
+
+        ``caps``: per item, the most tokens its draft may hold (0: no draft,
+        its tokens are still appended); values above the params'
+        ``max_spec_tokens`` are clamped to it.
 
         Raises:
             CapacityError: more than ``max_batch`` items.
-            TypeError: an item is not ``(Cursor, SuffixTree | None, tokens | None)``.
-            InvalidArgumentError: the same cursor appears twice.
+            TypeError: an item is not ``(Cursor, trees, tokens | None)``.
+            InvalidArgumentError: the same cursor appears twice, more than
+                four trees in an item, or bad caps.
             RuntimeError: a cursor or tree is in use by another thread, or
                 this drafter is.
             TreeClosedError: a cursor or tree is closed.
         """
+        return [d for d, _ in self.draft_indexed(items, caps)]
+
+    def draft_indexed(
+        self, items: Sequence[BatchItem], caps: Sequence[int] | None = None
+    ) -> list[tuple[Draft, int]]:
+        """`draft`, plus per item the index among its global trees of the tree
+        its draft came from (0 when it came from none)."""
         items = list(items)
         n = len(items)
         if n == 0:
@@ -118,18 +135,25 @@ class BatchDrafter:
                 f"batch of {n} items exceeds max_batch={self._max_batch}", "split the batch"
             )
         cursors, trees, new_tokens, offsets = self._convert(items)
+        if caps is not None:
+            caps = _check_caps(caps, n)
         if not self._lock.acquire(False):
             raise RuntimeError("concurrent use of a BatchDrafter from several threads")
         try:
-            status = self._run(cursors, trees, new_tokens, offsets)
+            if caps is not None:
+                self._bufs.caps[:n] = caps
+            status = self._run(cursors, trees, new_tokens, offsets, caps is not None)
             if status:
                 failed = self._bufs.first_error(n)
                 if failed is None:
                     raise _lowlevel.error(status)
                 raise _lowlevel.error(failed[1], f"batch item {failed[0]}")
+            index = self._bufs.global_index[:n].tolist()
             return [
-                Draft(tokens, parents, probs, score, match_len, SOURCES[source])
-                for tokens, parents, probs, score, match_len, source in self._bufs.results(n)
+                (Draft(tokens, parents, probs, score, match_len, SOURCES[source]), index[i])
+                for i, (tokens, parents, probs, score, match_len, source) in enumerate(
+                    self._bufs.results(n)
+                )
             ]
         finally:
             self._lock.release()
@@ -137,10 +161,10 @@ class BatchDrafter:
     @staticmethod
     def _convert(
         items: list[Any],
-    ) -> tuple[list[Cursor], list[SuffixTree | None], array.array[int] | None, list[int]]:
+    ) -> tuple[list[Cursor], list[tuple[SuffixTree, ...]], array.array[int] | None, list[int]]:
         """Check the items and pack their new tokens into one array; no side effects."""
         cursors: list[Cursor] = []
-        trees: list[SuffixTree | None] = []
+        trees: list[tuple[SuffixTree, ...]] = []
         packed = array.array("i")
         offsets = [0]
         any_tokens = False
@@ -149,16 +173,12 @@ class BatchDrafter:
                 cursor, tree, tokens = item
             except (TypeError, ValueError):
                 raise TypeError(
-                    f"batch item {i} must be (cursor, global_tree_or_None, new_tokens_or_None)"
+                    f"batch item {i} must be (cursor, global_trees_or_None, new_tokens_or_None)"
                 ) from None
             if type(cursor) is not Cursor and not isinstance(cursor, Cursor):
                 raise TypeError(f"batch item {i}: expected a Cursor, not {type(cursor).__name__}")
-            if tree is not None and not isinstance(tree, SuffixTree):
-                raise TypeError(
-                    f"batch item {i}: expected a SuffixTree or None, not {type(tree).__name__}"
-                )
             cursors.append(cursor)
-            trees.append(tree)
+            trees.append(_item_trees(tree, i))
             if tokens is not None:
                 any_tokens = True
                 try:
@@ -198,15 +218,18 @@ class BatchDrafter:
     def _run(
         self,
         cursors: list[Cursor],
-        trees: list[SuffixTree | None],
+        trees: list[tuple[SuffixTree, ...]],
         new_tokens: array.array[int] | None,
         offsets: list[int],
+        caps: bool,
     ) -> int:
         """Lock every cursor and tree, make the native call, unlock."""
         n = len(cursors)
         bufs = self._bufs
         c_cursors = bufs.cursors
         c_globals = bufs.globals
+        n_globals = bufs.n_globals
+        width = _lowlevel.MAX_GLOBALS
         entered: list[Cursor] = []
         reading: dict[int, SuffixTree] = {}
         handles: dict[int, _lowlevel.CData] = {}
@@ -214,24 +237,67 @@ class BatchDrafter:
             for i in range(n):
                 c_cursors[i] = cursors[i]._enter()
                 entered.append(cursors[i])
-                tree = trees[i]
-                if tree is None:
-                    c_globals[i] = _lowlevel.NULL
-                else:
+                own = trees[i]
+                n_globals[i] = len(own)
+                for k, tree in enumerate(own):
                     key = id(tree)
                     h = handles.get(key)
                     if h is None:
                         h = handles[key] = read_begin(tree)
                         reading[key] = tree
-                    c_globals[i] = h
-            return bufs.run(n, new_tokens, offsets, self._params._c, self._threads)
+                    c_globals[i * width + k] = h
+            return bufs.run(n, new_tokens, offsets, self._params._c, self._threads, caps=caps)
         finally:
             # The pointer rows keep stale handles until the next call
-            # overwrites them; they are never read past row n-1.
+            # overwrites them; they are never read past an item's count.
             for tree in reading.values():
                 tree._read_end()
             for cursor in entered:
                 cursor._lock.release()
+
+
+def _item_trees(trees: object, index: int) -> tuple[SuffixTree, ...]:
+    """An item's global trees as a checked tuple (None: none)."""
+    if trees is None:
+        return ()
+    if isinstance(trees, SuffixTree):
+        return (trees,)
+    if isinstance(trees, (list, tuple)):
+        out = tuple(trees)
+        if len(out) > _lowlevel.MAX_GLOBALS:
+            raise InvalidArgumentError(
+                f"batch item {index}: at most {_lowlevel.MAX_GLOBALS} global trees",
+                f"got {len(out)}",
+            )
+        for tree in out:
+            if not isinstance(tree, SuffixTree):
+                raise TypeError(
+                    f"batch item {index}: expected SuffixTree global trees, "
+                    f"not {type(tree).__name__}"
+                )
+        return out
+    raise TypeError(
+        f"batch item {index}: expected a SuffixTree, a list of them or None, "
+        f"not {type(trees).__name__}"
+    )
+
+
+def _check_caps(caps: Sequence[int], n: int) -> list[int]:
+    """Per-item draft caps: n non-negative ints."""
+    out = list(caps)
+    if len(out) != n:
+        raise InvalidArgumentError(f"caps must have one entry per item ({n}), not {len(out)}")
+    for i, cap in enumerate(out):
+        if isinstance(cap, bool):
+            raise TypeError(f"caps[{i}] must be an int, not bool")
+        try:
+            value = operator.index(cap)
+        except TypeError:
+            raise TypeError(f"caps[{i}] must be an int, not {type(cap).__name__}") from None
+        if value < 0:
+            raise InvalidArgumentError(f"caps[{i}] must be >= 0", f"got {value}")
+        out[i] = min(value, 2**32 - 1)
+    return out
 
 
 def draft_batch(

@@ -515,18 +515,26 @@ def draft_context(
 
 
 class BatchBuffers:
-    """Everything one ``as_draft_batch`` call needs, allocated once for ``rows`` items.
+    """Everything one ``as_draft_batch_multi`` call needs, allocated once for ``rows`` items.
 
     Output arrays are numpy arrays (``tokens``/``parents``/``probs`` are
-    ``rows x stride``) so callers may also read them directly; the
-    ``cursors``/``globals`` handle arrays are filled per call by `set_item`.
+    ``rows x stride``) so callers may also read them directly.  Before a
+    call the caller fills ``cursors[i]``, item i's global trees at
+    ``globals[i * MAX_GLOBALS + k]`` with their count in ``n_globals[i]``,
+    and (when it passes caps) ``caps[i]``.
     """
 
     __slots__ = (
-        "_ptrs",
+        "_caps_ptr",
+        "_gi_ptr",
+        "_ng_ptr",
+        "_out",
+        "caps",
         "cursors",
+        "global_index",
         "globals",
         "match_len",
+        "n_globals",
         "n_out",
         "parents",
         "probs",
@@ -548,21 +556,28 @@ class BatchBuffers:
         self.n_out = np.zeros(rows, dtype=np.uint32)
         self.match_len = np.zeros(rows, dtype=np.uint32)
         self.source = np.zeros(rows, dtype=np.uint32)
+        self.global_index = np.zeros(rows, dtype=np.uint32)
         self.score = np.zeros(rows, dtype=np.float64)
         self.statuses = np.zeros(rows, dtype=np.int32)
+        self.n_globals = np.zeros(rows, dtype=np.uint32)
+        self.caps = np.zeros(rows, dtype=np.uint32)
         fb = ffi.from_buffer
-        self._ptrs = (
-            fb("int32_t[]", self.tokens, require_writable=True),
-            fb("int32_t[]", self.parents, require_writable=True),
-            fb("float[]", self.probs, require_writable=True),
-            fb("uint32_t[]", self.n_out, require_writable=True),
-            fb("uint32_t[]", self.match_len, require_writable=True),
-            fb("uint32_t[]", self.source, require_writable=True),
-            fb("double[]", self.score, require_writable=True),
-            fb("int32_t[]", self.statuses, require_writable=True),
-        )
+        out = self._out = ffi.new("as_batch_out *")
+        out.tokens = fb("int32_t[]", self.tokens, require_writable=True)
+        out.parents = fb("int32_t[]", self.parents, require_writable=True)
+        out.probs = fb("float[]", self.probs, require_writable=True)
+        out.stride = stride
+        out.n_out = fb("uint32_t[]", self.n_out, require_writable=True)
+        out.match_len = fb("uint32_t[]", self.match_len, require_writable=True)
+        out.source = fb("uint32_t[]", self.source, require_writable=True)
+        out.global_index = fb("uint32_t[]", self.global_index, require_writable=True)
+        out.score = fb("double[]", self.score, require_writable=True)
+        out.statuses = fb("int32_t[]", self.statuses, require_writable=True)
+        self._ng_ptr = fb("uint32_t[]", self.n_globals)
+        self._caps_ptr = fb("uint32_t[]", self.caps)
+        self._gi_ptr = out.global_index
         self.cursors: CData = ffi.new("as_cursor *[]", rows)
-        self.globals: CData = ffi.new("as_tree *[]", rows)
+        self.globals: CData = ffi.new("as_tree *[]", rows * MAX_GLOBALS)
 
     def run(
         self,
@@ -571,35 +586,31 @@ class BatchBuffers:
         offsets: list[int],
         params: CData,
         n_threads: int,
+        *,
+        caps: bool = False,
     ) -> int:
-        """Call ``as_draft_batch`` on the first ``n_items`` rows; returns its status.
+        """Call ``as_draft_batch_multi`` on the first ``n_items`` rows; returns its status.
 
         ``new_tokens`` (or None: no appends) holds every item's new tokens,
-        item i's at ``offsets[i]:offsets[i+1]``.  Rows of ``cursors`` and
-        ``globals`` must have been filled before.
+        item i's at ``offsets[i]:offsets[i+1]``; ``caps``: pass the ``caps``
+        array (else every item drafts up to ``params``' max_spec_tokens).
         """
         if new_tokens is None:
             tok_ptr = off_ptr = NULL
         else:
             tok_ptr = ffi.from_buffer("int32_t[]", new_tokens)
             off_ptr = ffi.from_buffer("uint64_t[]", array.array("Q", offsets))
-        tokens, parents, probs, n_out, match_len, source, score, statuses = self._ptrs
-        status: int = lib.as_draft_batch(
+        status: int = lib.as_draft_batch_multi(
             self.cursors,
             self.globals,
+            MAX_GLOBALS,
+            self._ng_ptr,
             n_items,
             tok_ptr,
             off_ptr,
+            self._caps_ptr if caps else NULL,
             params,
-            tokens,
-            parents,
-            probs,
-            self.stride,
-            n_out,
-            match_len,
-            source,
-            score,
-            statuses,
+            self._out,
             n_threads,
         )
         return status
@@ -615,18 +626,19 @@ class BatchBuffers:
         self, n_items: int
     ) -> list[tuple[list[int], list[int], list[float], float, int, int]]:
         """``(tokens, parents, probs, score, match_len, source)`` per item of the last call."""
-        tok, par, prob = self._ptrs[:3]
+        out = self._out
+        tok, par, prob = out.tokens, out.parents, out.probs
         stride = self.stride
         unpack = ffi.unpack
         counts = self.n_out[:n_items].tolist()
         scores = self.score[:n_items].tolist()
         match_lens = self.match_len[:n_items].tolist()
         sources = self.source[:n_items].tolist()
-        out = []
+        res = []
         for i in range(n_items):
             k = counts[i]
             row = i * stride
-            out.append(
+            res.append(
                 (
                     unpack(tok + row, k),
                     unpack(par + row, k),
@@ -636,7 +648,7 @@ class BatchBuffers:
                     sources[i],
                 )
             )
-        return out
+        return res
 
 
 def allocated_bytes() -> int:

@@ -157,3 +157,22 @@ int as_draft_batch(as_cursor *const *cursors, const as_tree *const *globals, siz
                    const as_draft_params *params, int32_t *tokens, int32_t *parents,
                    float *probs, uint32_t stride, uint32_t *n_out, uint32_t *match_len,
                    uint32_t *source, double *score, int32_t *statuses, uint32_t n_threads);
+
+typedef struct as_batch_out {
+    int32_t *tokens;
+    int32_t *parents;
+    float *probs;
+    uint32_t stride;
+    uint32_t *n_out;
+    uint32_t *match_len;
+    uint32_t *source;
+    uint32_t *global_index;
+    double *score;
+    int32_t *statuses;
+} as_batch_out;
+
+int as_draft_batch_multi(as_cursor *const *cursors, const as_tree *const *globals,
+                         uint32_t globals_stride, const uint32_t *n_globals, size_t n_items,
+                         const int32_t *new_tokens, const uint64_t *offsets, const uint32_t *caps,
+                         const as_draft_params *params, const as_batch_out *out,
+                         uint32_t n_threads);

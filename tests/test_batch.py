@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec import BatchDrafter, Cursor, Draft, DraftParams, SuffixTree, draft_batch
+from agentspec import BatchDrafter, Cursor, Draft, DraftParams, SuffixTree, _lowlevel, draft_batch
 from agentspec._batch import BatchItem
+from agentspec._draft import make_draft
 from agentspec.exceptions import (
     CapacityError,
     InvalidArgumentError,
@@ -165,3 +166,60 @@ def test_constructor_validation() -> None:
     drafter = BatchDrafter(max_batch=3, threads=2)
     assert (drafter.max_batch, drafter.threads) == (3, 2)
     assert repr(drafter) == "<BatchDrafter max_batch=3 threads=2 max_spec_tokens=32>"
+
+
+def test_items_draft_from_several_trees_like_draft_multi() -> None:
+    """An item with a list of trees drafts as one ``as_draft_multi`` call with that list."""
+    rng = np.random.default_rng(7)
+    trees = []
+    for _ in range(3):
+        tree = SuffixTree(16)
+        for i in range(6):
+            tree.add(i, rng.integers(0, 5, 40).tolist())
+        trees.append(tree)
+    prompts = [rng.integers(0, 5, 20).tolist() for _ in range(8)]
+    cursors = [Cursor(16, prompt=p) for p in prompts]
+    twins = [Cursor(16, prompt=p) for p in prompts]
+    handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
+    sets: list[list[SuffixTree]] = [[], [trees[0]], trees[:2], [trees[2], trees[0], trees[1]]]
+    drafter = BatchDrafter(DraftParams(max_spec_tokens=8), max_batch=8)
+    for _ in range(20):
+        new = [rng.integers(0, 5, int(rng.integers(0, 3))).tolist() for _ in cursors]
+        pairs = enumerate(zip(cursors, new, strict=True))
+        items = [(c, sets[i % 4], toks) for i, (c, toks) in pairs]
+        got = drafter.draft_indexed(items)
+        for i, (twin, toks) in enumerate(zip(twins, new, strict=True)):
+            twin.extend(toks)
+            result, index = twin._draft_multi(sets[i % 4], DraftParams(max_spec_tokens=8), handles)
+            assert got[i] == (make_draft(result), index)
+
+
+def test_caps_bound_each_item(gtree: SuffixTree) -> None:
+    """A cap limits one item's draft; 0 drafts nothing but still appends."""
+    a = Cursor(DEPTH)
+    b = Cursor(DEPTH)
+    drafter = BatchDrafter(DraftParams(max_spec_tokens=4))
+    got = drafter.draft([(a, gtree, [5, 1, 2]), (b, gtree, [5, 1, 2])], caps=[1, 0])
+    assert got[0].token_ids == [3]
+    assert got[1] == EMPTY_DRAFT
+    assert len(b) == 3
+    big = drafter.draft([(a, gtree, None)], caps=[1000])  # clamped to max_spec_tokens
+    assert big[0] == GLOBAL_DRAFT
+
+
+def test_bad_caps_and_tree_lists_change_nothing(gtree: SuffixTree) -> None:
+    """Wrong caps or tree lists raise before any token is appended."""
+    c = Cursor(DEPTH)
+    drafter = BatchDrafter(DraftParams(max_spec_tokens=4))
+    with pytest.raises(InvalidArgumentError, match="one entry per item"):
+        drafter.draft([(c, gtree, [1, 2])], caps=[1, 2])
+    with pytest.raises(InvalidArgumentError, match=">= 0"):
+        drafter.draft([(c, gtree, [1, 2])], caps=[-1])
+    with pytest.raises(TypeError, match="caps"):
+        drafter.draft([(c, gtree, [1, 2])], caps=[1.5])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgumentError, match="at most 4"):
+        drafter.draft([(c, [gtree] * 5, [1, 2])])
+    with pytest.raises(TypeError, match="SuffixTree"):
+        drafter.draft([(c, [gtree, "tree"], [1, 2])])  # type: ignore[list-item]
+    assert len(c) == 0
+    assert drafter.draft([(c, gtree, [1, 2])], caps=[np.int64(2)])[0].token_ids == [3, 7]

@@ -312,6 +312,36 @@ int as_draft_batch(as_cursor *const *cursors, const as_tree *const *globals, siz
                    float *probs, uint32_t stride, uint32_t *n_out, uint32_t *match_len,
                    uint32_t *source, double *score, int32_t *statuses, uint32_t n_threads);
 
+/* Output rows of a batched draft (caller-owned): tokens/parents/probs are
+ * n_items x stride arrays; n_out and the optional (may be NULL) match_len,
+ * source, global_index, score and statuses have n_items entries. */
+typedef struct as_batch_out {
+    int32_t *tokens;
+    int32_t *parents;
+    float *probs;
+    uint32_t stride;
+    uint32_t *n_out;
+    uint32_t *match_len;
+    uint32_t *source;
+    uint32_t *global_index;
+    double *score;
+    int32_t *statuses;
+} as_batch_out;
+
+/* Batched drafting from several global trees per item: as as_draft_batch,
+ * but item i drafts as as_draft_multi does, from cursors[i] and the
+ * n_globals[i] trees at globals[i * globals_stride ..] (NULL entries are
+ * skipped; globals_stride <= AS_MAX_GLOBALS; n_globals NULL: one tree per
+ * item; globals NULL: none), and with at most caps[i] tokens (caps NULL:
+ * params->max_spec_tokens for every item; larger caps are clamped to it; 0:
+ * no draft, the item's new tokens are still appended).  global_index[i]
+ * names the tree among item i's that its draft came from. */
+int as_draft_batch_multi(as_cursor *const *cursors, const as_tree *const *globals,
+                         uint32_t globals_stride, const uint32_t *n_globals, size_t n_items,
+                         const int32_t *new_tokens, const uint64_t *offsets, const uint32_t *caps,
+                         const as_draft_params *params, const as_batch_out *out,
+                         uint32_t n_threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,8 @@
 /*
  * test_batch.c -- as_draft_batch: rows equal one as_draft per item, per-item
  * statuses (one bad item does not stop the others), threads give the same
- * bytes as the serial run, and argument checks.
+ * bytes as the serial run, and argument checks; as_draft_batch_multi: rows
+ * equal one as_draft_multi per item (several global trees, per-item caps).
  */
 #include "agentspec.h"
 #include "testhelp.h"
@@ -281,11 +282,130 @@ static void test_bad_arguments(void) {
     as_cursor_free(c);
 }
 
+/* Several global trees per item and per-item caps: each row equals one
+ * as_draft_multi with max_spec_tokens = min(cap, params), serial or threaded. */
+static void test_multi_equals_single(void) {
+    th_rng r;
+    th_rng_seed(&r, 5);
+    as_tree *g[3] = {make_global(&r, 16), make_global(&r, 16), make_global(&r, 16)};
+    REQUIRE(g[0] != NULL && g[1] != NULL && g[2] != NULL);
+    enum { N = 24, GS = 3 };
+    as_cursor *a[N], *b[N];
+    const as_tree *glob[N * GS];
+    uint32_t ng[N], caps[N];
+    for (size_t i = 0; i < N; i++) {
+        a[i] = as_cursor_create(16, i % 3 ? AS_CURSOR_LOCAL_TREE : 0, NULL);
+        b[i] = as_cursor_create(16, i % 3 ? AS_CURSOR_LOCAL_TREE : 0, NULL);
+        REQUIRE(a[i] != NULL && b[i] != NULL);
+        ng[i] = (uint32_t)(i % (GS + 1));
+        for (size_t k = 0; k < GS; k++) /* some NULL entries, some repeated trees */
+            glob[i * GS + k] = (i + k) % 5 == 0 ? NULL : g[(i + k) % 3];
+    }
+    static rows out;
+    uint32_t gidx[N];
+    as_batch_out bo = {out.tokens, out.parents, out.probs, STRIDE, out.n_out, out.match_len,
+                       out.source, gidx, out.score, out.statuses};
+    as_draft_params p;
+    as_draft_params_default(&p);
+    p.max_spec_tokens = 12;
+    int nonempty = 0, capped = 0;
+    for (int step = 0; step < 24; step++) {
+        int32_t toks[N * 8];
+        uint64_t offs[N + 1];
+        offs[0] = 0;
+        for (size_t i = 0; i < N; i++) {
+            size_t k = step == 0 ? 6 : th_rng_below(&r, 4);
+            for (size_t j = 0; j < k; j++) toks[offs[i] + j] = (int32_t)th_rng_below(&r, 5);
+            offs[i + 1] = offs[i] + k;
+            caps[i] = (uint32_t)th_rng_below(&r, 16); /* 0 .. 15: some above max_spec_tokens */
+        }
+        p.flags = step % 2 ? AS_DRAFT_TREE : 0;
+        rows_poison(&out);
+        memset(gidx, 0x5A, sizeof gidx);
+        CHECK_STATUS(as_draft_batch_multi(a, glob, GS, ng, N, toks, offs, caps, &p, &bo,
+                                          step % 3 == 0 ? 2 : 1), AS_OK);
+        for (size_t i = 0; i < N; i++) {
+            CHECK_EQ_INT(out.statuses[i], AS_OK);
+            REQUIRE_OK(as_cursor_extend(b[i], toks + offs[i], (size_t)(offs[i + 1] - offs[i])));
+            CHECK_EQ_U64(as_cursor_len(a[i]), as_cursor_len(b[i]));
+            if (caps[i] == 0) {
+                CHECK_EQ_INT(out.n_out[i], 0);
+                continue;
+            }
+            as_draft_params q = p;
+            if (caps[i] < q.max_spec_tokens) q.max_spec_tokens = caps[i];
+            int32_t tk[STRIDE], pa[STRIDE];
+            float pr[STRIDE];
+            as_draft_out o = {tk, pa, pr, STRIDE, 0, 0, 0, 0.0, 0};
+            REQUIRE_OK(as_draft_multi(b[i], glob + i * GS, ng[i], &q, &o));
+            CHECK_EQ_INT(out.n_out[i], o.n);
+            CHECK(out.n_out[i] <= caps[i]);
+            CHECK_EQ_INT(out.match_len[i], o.match_len);
+            CHECK_EQ_INT(out.source[i], o.source);
+            CHECK_EQ_INT(gidx[i], o.global_index);
+            CHECK_EQ_DBL(out.score[i], o.score);
+            nonempty += o.n > 0;
+            capped += caps[i] < p.max_spec_tokens && o.n == caps[i];
+            for (uint32_t k = 0; k < o.n && k < out.n_out[i]; k++) {
+                CHECK_EQ_INT(out.tokens[i * STRIDE + k], tk[k]);
+                CHECK_EQ_INT(out.parents[i * STRIDE + k], pa[k]);
+                CHECK_EQ_DBL(out.probs[i * STRIDE + k], pr[k]);
+            }
+        }
+    }
+    CHECK(nonempty > 100);
+    CHECK(capped > 10); /* the caps did bind */
+    for (size_t i = 0; i < N; i++) {
+        as_cursor_free(a[i]);
+        as_cursor_free(b[i]);
+    }
+    for (size_t k = 0; k < 3; k++) as_tree_free(g[k]);
+}
+
+/* as_draft_batch_multi's own argument checks change no cursor. */
+static void test_multi_bad_arguments(void) {
+    as_cursor *c = as_cursor_create(8, AS_CURSOR_LOCAL_TREE, NULL);
+    REQUIRE(c != NULL);
+    as_tree *g = as_tree_create(8, NULL);
+    REQUIRE(g != NULL);
+    as_cursor *items[1] = {c};
+    const as_tree *glob[AS_MAX_GLOBALS + 1] = {g, g, g, g, g};
+    as_draft_params p;
+    as_draft_params_default(&p);
+    p.max_spec_tokens = 8;
+    static rows out;
+    as_batch_out bo = {out.tokens, out.parents, out.probs, 8, out.n_out, NULL, NULL, NULL, NULL,
+                       NULL};
+    const int32_t toks[] = {1, 2, 3};
+    const uint64_t offs[] = {0, 3};
+    uint32_t ng_over[1] = {3}, ng_max[1] = {AS_MAX_GLOBALS + 1};
+    CHECK_STATUS(as_draft_batch_multi(items, glob, 2, ng_over, 1, toks, offs, NULL, &p, &bo, 1),
+                 AS_ERR_INVALID_ARG); /* more trees than the stride */
+    CHECK_STATUS(as_draft_batch_multi(items, glob, AS_MAX_GLOBALS + 1, ng_max, 1, toks, offs, NULL,
+                                      &p, &bo, 1), AS_ERR_INVALID_ARG);
+    CHECK_STATUS(as_draft_batch_multi(items, glob, 0, NULL, 1, toks, offs, NULL, &p, &bo, 1),
+                 AS_ERR_INVALID_ARG);
+    CHECK_STATUS(as_draft_batch_multi(items, NULL, 0, NULL, 1, toks, offs, NULL, &p, NULL, 1),
+                 AS_ERR_INVALID_ARG);
+    bo.stride = 7;
+    CHECK_STATUS(as_draft_batch_multi(items, NULL, 0, NULL, 1, toks, offs, NULL, &p, &bo, 1),
+                 AS_ERR_CAPACITY);
+    CHECK_EQ_U64(as_cursor_len(c), 0);
+    bo.stride = 8;
+    CHECK_STATUS(as_draft_batch_multi(items, NULL, 0, NULL, 1, toks, offs, NULL, &p, &bo, 1),
+                 AS_OK); /* no trees at all: the per-request tree only */
+    CHECK_EQ_U64(as_cursor_len(c), 3);
+    as_cursor_free(c);
+    as_tree_free(g);
+}
+
 int main(void) {
     TEST_RUN(test_batch_equals_single);
     TEST_RUN(test_threads_equal_serial);
     TEST_RUN(test_per_item_status);
     TEST_RUN(test_optional_arguments);
     TEST_RUN(test_bad_arguments);
+    TEST_RUN(test_multi_equals_single);
+    TEST_RUN(test_multi_bad_arguments);
     return TEST_REPORT("test_batch");
 }
