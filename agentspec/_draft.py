@@ -193,6 +193,11 @@ _DRAFT_SLOTS = tuple(
 )  # slot setters: build frozen drafts without frozen __setattr__'s per-field cost
 
 
+_new_draft = object.__new__
+_unpack = _lowlevel.ffi.unpack
+_draft_multi_c = _lowlevel.lib.as_draft_multi
+
+
 def make_draft(result: DraftResult) -> Draft:
     """A `Draft` from a raw ``(tokens, parents, probs, score, match_len, source)`` tuple.
 
@@ -423,6 +428,45 @@ class Cursor:
             for i in range(begun):
                 trees[i]._read_end()
             self._lock.release()
+
+    def _draft_trees(
+        self, trees: list[SuffixTree], params: DraftParams, handles: _lowlevel.CData
+    ) -> Draft:
+        """`_draft_multi` returning the `Draft` (the per-step path of `Speculator.draft`:
+        the same steps with fewer Python calls, as drafting is on the decode step's
+        critical path).  ``trees`` must be checked `SuffixTree`s."""
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError("concurrent use of a Cursor: another thread is using it right now")
+        begun = 0
+        try:
+            h = self._h
+            if h is None:
+                raise TreeClosedError("the cursor is closed")
+            for tree in trees:
+                handles[begun] = tree._read_begin()
+                begun += 1
+            bufs = self._bufs
+            if bufs is None or bufs.cap < params.max_spec_tokens:
+                bufs = self._buffers(params.max_spec_tokens)
+            out = bufs.out
+            status = _draft_multi_c(h, handles, begun, params._c, out)
+            if status:
+                raise _lowlevel.error(status)
+            n = out.n
+            d = _new_draft(Draft)
+            s0, s1, s2, s3, s4, s5 = _DRAFT_SLOTS
+            s0(d, _unpack(bufs.tokens, n))
+            s1(d, _unpack(bufs.parents, n))
+            s2(d, _unpack(bufs.probs, n))
+            s3(d, out.score)
+            s4(d, out.match_len)
+            s5(d, SOURCES[out.source])
+            return d
+        finally:
+            for i in range(begun):
+                trees[i]._readers.pop()
+            lock.release()
 
     def _draft_tail(
         self, context: TokenArray, global_tree: SuffixTree | None, params: DraftParams

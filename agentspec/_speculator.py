@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec import _lowlevel
+from agentspec._batch import BatchDrafter
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, make_draft, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
@@ -151,6 +152,7 @@ class Speculator:
         self._next_seq = 0
         self._version = 0  # bumped whenever the trees a request drafts from may change
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
+        self._batchers: dict[DraftParams, BatchDrafter] = {}
 
     # --- requests -------------------------------------------------------------
 
@@ -222,11 +224,14 @@ class Speculator:
         request's own shards in order of preference on equal scores (e.g.
         shards pushed to a serving worker); at most `MAX_EXTRA_TREES`.
         """
-        req = self._request(req_id)
+        req = self._requests.get(req_id)
+        if req is None:
+            raise InvalidArgumentError(f"request {req_id!r} is not active")
         p = self._params if params is None and not overrides else resolve_params(params, overrides)
-        trees = self._with_extra(self._request_trees(req), extra_trees)
-        result, _ = req.cursor._draft_multi(trees, p, self._handles)
-        return make_draft(result)
+        trees = req.trees if req.version == self._version else self._request_trees(req)
+        if extra_trees:
+            trees = self._with_extra(trees, extra_trees)
+        return req.cursor._draft_trees(trees, p, self._handles)
 
     def draft_source(
         self,
@@ -247,6 +252,88 @@ class Speculator:
         if index >= len(own):
             return draft, "extra"
         return draft, self._tree_role(req.key, trees[index])
+
+    def draft_batch(
+        self,
+        req_ids: Sequence[Hashable],
+        params: DraftParams | None = None,
+        *,
+        caps: Sequence[int] | None = None,
+        extra_trees: Sequence[Sequence[SuffixTree]] | None = None,
+    ) -> list[Draft]:
+        """Draft for several active requests in one native call (a decode step).
+
+        Each draft equals what `draft` gives for that request.  ``caps``: per
+        request, the most tokens its draft may hold (0: none), at most the
+        params' ``max_spec_tokens``; ``extra_trees``: per request, further
+        global trees (as in `draft`).
+
+        Raises:
+            InvalidArgumentError: an unknown or repeated request id, or bad
+                caps / extra trees (nothing is drafted).
+        """
+        return [d for d, _ in self._draft_batch(req_ids, params, caps, extra_trees)]
+
+    def draft_batch_source(
+        self,
+        req_ids: Sequence[Hashable],
+        params: DraftParams | None = None,
+        *,
+        caps: Sequence[int] | None = None,
+        extra_trees: Sequence[Sequence[SuffixTree]] | None = None,
+    ) -> list[tuple[Draft, str]]:
+        """`draft_batch`, plus per request the tree its draft came from (as
+        `draft_source` names it)."""
+        return self._draft_batch(req_ids, params, caps, extra_trees)
+
+    def _draft_batch(
+        self,
+        req_ids: Sequence[Hashable],
+        params: DraftParams | None,
+        caps: Sequence[int] | None,
+        extra_trees: Sequence[Sequence[SuffixTree]] | None,
+    ) -> list[tuple[Draft, str]]:
+        ids = list(req_ids)
+        if not ids:
+            return []
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError("a request id appears twice in one batch")
+        if extra_trees is not None and len(extra_trees) != len(ids):
+            raise InvalidArgumentError(
+                f"extra_trees must have one entry per request ({len(ids)}), not {len(extra_trees)}"
+            )
+        reqs = [self._request(r) for r in ids]
+        owns = [self._request_trees(req) for req in reqs]
+        items = [
+            (
+                req.cursor,
+                own if extra_trees is None else self._with_extra(own, extra_trees[i]),
+                None,
+            )
+            for i, (req, own) in enumerate(zip(reqs, owns, strict=True))
+        ]
+        drafter = self._batcher(params or self._params, len(items))
+        out: list[tuple[Draft, str]] = []
+        for req, own, (draft, index) in zip(
+            reqs, owns, drafter.draft_indexed(items, caps), strict=True
+        ):
+            if draft.source != "global":
+                out.append((draft, draft.source))
+            elif index >= len(own):
+                out.append((draft, "extra"))
+            else:
+                out.append((draft, self._tree_role(req.key, own[index])))
+        return out
+
+    def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
+        """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""
+        drafter = self._batchers.get(params)
+        if drafter is None or drafter.max_batch < n:
+            size = max(n, 2 * drafter.max_batch if drafter is not None else 16)
+            if len(self._batchers) >= 16:  # params vary per call: keep a few
+                self._batchers.clear()
+            drafter = self._batchers[params] = BatchDrafter(params, max_batch=size)
+        return drafter
 
     @staticmethod
     def _with_extra(own: list[SuffixTree], extra: Sequence[SuffixTree]) -> list[SuffixTree]:

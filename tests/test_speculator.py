@@ -199,6 +199,79 @@ def test_extra_trees_are_drafted_from_after_own_shards() -> None:
             spec.draft("r", extra_trees=[object()])  # type: ignore[list-item]
 
 
+def test_draft_batch_equals_draft_per_request() -> None:
+    """`draft_batch_source` gives, per request, what `draft_source` gives, in one call."""
+    import random
+
+    from agentspec import SuffixTree
+
+    rnd = random.Random(3)
+    with Speculator(32, params=DraftParams(max_spec_tokens=8), cold_tokens=0, live=True) as spec:
+        for i in range(30):
+            response = [rnd.randrange(6) for _ in range(40)]
+            spec.add_response(response, stage=f"s{i % 3}", pipeline="p", prompt=[1, 2, 3])
+        pushed = SuffixTree(32)
+        pushed.add(0, [rnd.randrange(6) for _ in range(200)])
+        ids = list(range(12))
+        for i in ids:
+            prompt = [rnd.randrange(6) for _ in range(30)]
+            spec.start_request(i, prompt, stage=f"s{i % 4}", pipeline="p" if i % 5 else None)
+        sources = set()
+        for _ in range(30):
+            for i in ids:
+                spec.extend(i, [rnd.randrange(6) for _ in range(rnd.randrange(3))])
+            caps = [rnd.randrange(10) for _ in ids]
+            extra = [[pushed] if i % 2 else [] for i in ids]
+            got = spec.draft_batch_source(ids, caps=caps, extra_trees=extra)
+            assert [d for d, _ in got] == spec.draft_batch(ids, caps=caps, extra_trees=extra)
+            for i, (draft, source) in zip(ids, got, strict=True):
+                sources.add(source)
+                if caps[i] == 0:
+                    assert draft.token_ids == []
+                    continue
+                params = DraftParams(max_spec_tokens=min(8, caps[i]))
+                assert (draft, source) == spec.draft_source(i, params, extra_trees=extra[i])
+        assert {"stage", "pipeline", "extra", "local"} <= sources
+        pushed.close()
+
+
+def test_draft_while_a_shard_is_written_raises_and_leaves_no_reader() -> None:
+    """A shard busy in another writer makes `draft` raise, with every reader undone."""
+    with Speculator(16, cold_tokens=0) as spec:
+        run(spec, 1, [1, 2], SQL, "SQL")
+        run(spec, 2, [1, 2], JSON, "JSON")
+        spec.start_request("r", [5, *SQL[:2]], stage="SQL", pipeline="p")
+        before = spec.draft("r", PARAMS)
+        pipe = spec.pipeline_tree("p")
+        stage = spec.shard("SQL", "p")
+        assert pipe is not None and stage is not None
+        for busy in (stage, pipe):  # the first tree drafted from, then the second
+            busy._write_begin()
+            try:
+                with pytest.raises(RuntimeError, match="concurrent modification"):
+                    spec.draft("r", PARAMS)
+            finally:
+                busy._wlock.release()
+            assert not stage._readers and not pipe._readers
+        assert spec.draft("r", PARAMS) == before
+
+
+def test_draft_batch_refuses_bad_requests() -> None:
+    """Unknown or repeated ids and mismatched extra trees raise; an empty batch is empty."""
+    with Speculator(16) as spec:
+        spec.start_request("a", [1, 2, 3])
+        assert spec.draft_batch([]) == []
+        with pytest.raises(InvalidArgumentError, match="twice"):
+            spec.draft_batch(["a", "a"])
+        with pytest.raises(InvalidArgumentError, match="not active"):
+            spec.draft_batch(["a", "b"])
+        with pytest.raises(InvalidArgumentError, match="one entry per request"):
+            spec.draft_batch(["a"], extra_trees=[[], []])
+        with pytest.raises(InvalidArgumentError, match="one entry per item"):
+            spec.draft_batch(["a"], caps=[1, 2])
+        assert spec.draft_batch(["a"], caps=[0])[0].token_ids == []
+
+
 # --- live learning --------------------------------------------------------------------
 
 

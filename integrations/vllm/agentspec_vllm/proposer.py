@@ -180,17 +180,21 @@ class AgentSpecProposer:
         self.sweep(requests)
         req_ids = batch.req_ids
         num_prompt = batch.num_prompt_tokens
-        out: list[list[int]] = []
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        wanted: dict[str, list[tuple[int, str, _Active, int]]] = {}  # tenant -> rows to draft
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             state = requests.get(req_id) if req_id is not None else None
             if state is None:
-                out.append([])
                 continue
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
-            out.append(
-                self._step(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
-            )
+            cap = self._feed(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
+            if cap > 0:
+                wanted.setdefault(act.key[0], []).append((i, req_id, act, cap))
+        for tenant, rows in wanted.items():
+            drafts = self._draft_rows(self._tenants[tenant], rows)
+            for (i, _, act, _), (draft, source) in zip(rows, drafts, strict=True):
+                out[i] = self._record(act, draft, source)
         return out
 
     # --- per request ----------------------------------------------------------
@@ -209,10 +213,8 @@ class AgentSpecProposer:
         self._key_stats(key).requests += 1
         return act
 
-    def _step(
-        self, req_id: str, act: _Active, sampled: Sequence[int], n: int, row: Any
-    ) -> list[int]:
-        """Feed a row's new tokens and draft its next ones."""
+    def _feed(self, req_id: str, act: _Active, sampled: Sequence[int], n: int, row: Any) -> int:
+        """Feed a row's new tokens; returns how many tokens it may draft (0: none)."""
         stats = self._key_stats(act.key)
         if act.last_draft and len(sampled):
             stats.accepted_tokens += len(sampled) - 1
@@ -221,10 +223,13 @@ class AgentSpecProposer:
             spec.extend(req_id, row[act.fed : n])
             act.fed = n
         act.last_draft = 0
-        cap = min(self.num_speculative_tokens, self.max_model_len - n - 1)
-        if not len(sampled) or cap <= 0:  # prefill chunk, discarded step or no room left
-            return []
-        draft, source = self._draft(spec, req_id, act.key, cap)
+        if not len(sampled):  # prefill chunk or discarded step
+            return 0
+        return max(0, min(self.num_speculative_tokens, self.max_model_len - n - 1))
+
+    def _record(self, act: _Active, draft: Draft, source: str) -> list[int]:
+        """A row's drafted ids (cut at the first one outside the vocabulary), counted."""
+        stats = self._key_stats(act.key)
         tokens = draft.token_ids
         for j, tok in enumerate(tokens):
             if not 0 <= tok < self.vocab_size:
@@ -238,21 +243,28 @@ class AgentSpecProposer:
         act.last_draft = len(tokens)
         return tokens
 
-    def _draft(self, spec: Speculator, req_id: str, key: ShardKey, cap: int) -> tuple[Draft, str]:
-        """Draft from the request's trees plus its stage's pushed shard."""
-        params = self._params.get(cap)
+    def _draft_rows(
+        self, spec: Speculator, rows: list[tuple[int, str, _Active, int]]
+    ) -> list[tuple[Draft, str]]:
+        """Draft for one tenant's rows in one native call, each from its request's
+        trees plus its stage's pushed shard, with at most its cap tokens."""
+        params = self._params.get(self.num_speculative_tokens)
         if params is None:
-            params = self._params[cap] = DraftParams(
-                max_spec_tokens=cap,
+            params = self._params[self.num_speculative_tokens] = DraftParams(
+                max_spec_tokens=self.num_speculative_tokens,
                 alpha=self.config.alpha,
                 min_token_prob=self.config.min_token_prob,
             )
-        pushed = pushed_tree(key)
-        extra: tuple[SuffixTree, ...] = () if pushed is None else (pushed,)
+        ids = [req_id for _, req_id, _, _ in rows]
+        caps = [cap for _, _, _, cap in rows]
+        extra: list[tuple[SuffixTree, ...]] = []
+        for _, _, act, _ in rows:
+            pushed = pushed_tree(act.key)
+            extra.append(() if pushed is None else (pushed,))
         try:
-            return spec.draft_source(req_id, params, extra_trees=extra)
-        except RuntimeError:  # the pushed tree is being modified right now
-            return spec.draft_source(req_id, params)
+            return spec.draft_batch_source(ids, params, caps=caps, extra_trees=extra)
+        except RuntimeError:  # a pushed tree is being modified right now
+            return spec.draft_batch_source(ids, params, caps=caps)
 
     def _tags(self, state: Any) -> tuple[ShardKey, str | None]:
         """The shard key and session of a request, from its sampling params' extra_args."""
