@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentspec import _lowlevel
-from agentspec._draft import SOURCES, Cursor, Draft, DraftParams, read_begin, resolve_params
+from agentspec._draft import Cursor, Draft, DraftParams, draft_from_row, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import CapacityError, InvalidArgumentError
@@ -135,27 +135,66 @@ class BatchDrafter:
                 f"batch of {n} items exceeds max_batch={self._max_batch}", "split the batch"
             )
         cursors, trees, new_tokens, offsets = self._convert(items)
-        if caps is not None:
-            caps = _check_caps(caps, n)
+        return self._draft_rows(
+            cursors, trees, new_tokens, offsets, None if caps is None else _check_caps(caps, n)
+        )
+
+    def _draft_rows(
+        self,
+        cursors: Sequence[Cursor],
+        trees: Sequence[Sequence[SuffixTree]],
+        new_tokens: array.array[int] | None,
+        offsets: list[int],
+        caps: list[int] | None,
+    ) -> list[tuple[Draft, int]]:
+        """`draft_indexed` on checked input: distinct cursors, tuples of at most
+        `_lowlevel.MAX_GLOBALS` SuffixTrees, caps from `_check_caps` (or None)
+        and new tokens from `_convert`.  Also `Speculator.draft_batch`'s path."""
+        n = len(cursors)
+        if n > self._max_batch:
+            raise CapacityError(
+                f"batch of {n} items exceeds max_batch={self._max_batch}", "split the batch"
+            )
         if not self._lock.acquire(False):
             raise RuntimeError("concurrent use of a BatchDrafter from several threads")
+        bufs = self._bufs
+        c_cursors = bufs.cursors
+        c_globals = bufs.globals
+        n_globals = bufs.n_globals
+        width = _lowlevel.MAX_GLOBALS
+        entered = 0
+        reading: list[SuffixTree] = []
         try:
+            for i in range(n):
+                c_cursors[i] = cursors[i]._enter()
+                entered += 1
+                own = trees[i]
+                n_globals[i] = len(own)
+                base = i * width
+                for k, tree in enumerate(own):
+                    c_globals[base + k] = tree._read_begin()
+                    reading.append(tree)
             if caps is not None:
-                self._bufs.caps[:n] = caps
-            status = self._run(cursors, trees, new_tokens, offsets, caps is not None)
+                bufs.caps[0:n] = caps
+            status = bufs.run(
+                n, new_tokens, offsets, self._params._c, self._threads, caps=caps is not None
+            )
             if status:
-                failed = self._bufs.first_error(n)
+                failed = bufs.first_error(n)
                 if failed is None:
                     raise _lowlevel.error(status)
                 raise _lowlevel.error(failed[1], f"batch item {failed[0]}")
-            index = self._bufs.global_index[:n].tolist()
             return [
-                (Draft(tokens, parents, probs, score, match_len, SOURCES[source]), index[i])
-                for i, (tokens, parents, probs, score, match_len, source) in enumerate(
-                    self._bufs.results(n)
-                )
+                (draft_from_row(tok, par, prob, score, ml, src), index)
+                for tok, par, prob, score, ml, src, index in bufs.results(n)
             ]
         finally:
+            # The pointer rows keep stale handles until the next call
+            # overwrites them; they are never read past an item's count.
+            for tree in reading:
+                tree._readers.pop()
+            for i in range(entered):
+                cursors[i]._lock.release()
             self._lock.release()
 
     @staticmethod
@@ -214,46 +253,6 @@ class BatchDrafter:
                 f"index {first - offsets[i]}: value {packed[first]}",
             )
         return cursors, trees, packed, offsets
-
-    def _run(
-        self,
-        cursors: list[Cursor],
-        trees: list[tuple[SuffixTree, ...]],
-        new_tokens: array.array[int] | None,
-        offsets: list[int],
-        caps: bool,
-    ) -> int:
-        """Lock every cursor and tree, make the native call, unlock."""
-        n = len(cursors)
-        bufs = self._bufs
-        c_cursors = bufs.cursors
-        c_globals = bufs.globals
-        n_globals = bufs.n_globals
-        width = _lowlevel.MAX_GLOBALS
-        entered: list[Cursor] = []
-        reading: dict[int, SuffixTree] = {}
-        handles: dict[int, _lowlevel.CData] = {}
-        try:
-            for i in range(n):
-                c_cursors[i] = cursors[i]._enter()
-                entered.append(cursors[i])
-                own = trees[i]
-                n_globals[i] = len(own)
-                for k, tree in enumerate(own):
-                    key = id(tree)
-                    h = handles.get(key)
-                    if h is None:
-                        h = handles[key] = read_begin(tree)
-                        reading[key] = tree
-                    c_globals[i * width + k] = h
-            return bufs.run(n, new_tokens, offsets, self._params._c, self._threads, caps=caps)
-        finally:
-            # The pointer rows keep stale handles until the next call
-            # overwrites them; they are never read past an item's count.
-            for tree in reading.values():
-                tree._read_end()
-            for cursor in entered:
-                cursor._lock.release()
 
 
 def _item_trees(trees: object, index: int) -> tuple[SuffixTree, ...]:

@@ -215,6 +215,26 @@ def make_draft(result: DraftResult) -> Draft:
     return d
 
 
+def draft_from_row(
+    tokens: list[int],
+    parents: list[int],
+    probs: list[float],
+    score: float,
+    match_len: int,
+    source: int,
+) -> Draft:
+    """A `Draft` from one output row (as `make_draft`, without the tuple)."""
+    d = _new_draft(Draft)
+    s0, s1, s2, s3, s4, s5 = _DRAFT_SLOTS
+    s0(d, tokens)
+    s1(d, parents)
+    s2(d, probs)
+    s3(d, score)
+    s4(d, match_len)
+    s5(d, SOURCES[source])
+    return d
+
+
 def draft_from_buffers(bufs: _lowlevel.DraftBuffers) -> Draft:
     """Convert the C output in ``bufs`` to a `Draft`."""
     return make_draft(bufs.result())

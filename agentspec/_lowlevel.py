@@ -525,9 +525,6 @@ class BatchBuffers:
     """
 
     __slots__ = (
-        "_caps_ptr",
-        "_gi_ptr",
-        "_ng_ptr",
         "_out",
         "caps",
         "cursors",
@@ -559,8 +556,8 @@ class BatchBuffers:
         self.global_index = np.zeros(rows, dtype=np.uint32)
         self.score = np.zeros(rows, dtype=np.float64)
         self.statuses = np.zeros(rows, dtype=np.int32)
-        self.n_globals = np.zeros(rows, dtype=np.uint32)
-        self.caps = np.zeros(rows, dtype=np.uint32)
+        self.n_globals: CData = ffi.new("uint32_t[]", rows)
+        self.caps: CData = ffi.new("uint32_t[]", rows)
         fb = ffi.from_buffer
         out = self._out = ffi.new("as_batch_out *")
         out.tokens = fb("int32_t[]", self.tokens, require_writable=True)
@@ -573,9 +570,6 @@ class BatchBuffers:
         out.global_index = fb("uint32_t[]", self.global_index, require_writable=True)
         out.score = fb("double[]", self.score, require_writable=True)
         out.statuses = fb("int32_t[]", self.statuses, require_writable=True)
-        self._ng_ptr = fb("uint32_t[]", self.n_globals)
-        self._caps_ptr = fb("uint32_t[]", self.caps)
-        self._gi_ptr = out.global_index
         self.cursors: CData = ffi.new("as_cursor *[]", rows)
         self.globals: CData = ffi.new("as_tree *[]", rows * MAX_GLOBALS)
 
@@ -604,11 +598,11 @@ class BatchBuffers:
             self.cursors,
             self.globals,
             MAX_GLOBALS,
-            self._ng_ptr,
+            self.n_globals,
             n_items,
             tok_ptr,
             off_ptr,
-            self._caps_ptr if caps else NULL,
+            self.caps if caps else NULL,
             params,
             self._out,
             n_threads,
@@ -624,16 +618,19 @@ class BatchBuffers:
 
     def results(
         self, n_items: int
-    ) -> list[tuple[list[int], list[int], list[float], float, int, int]]:
-        """``(tokens, parents, probs, score, match_len, source)`` per item of the last call."""
+    ) -> list[tuple[list[int], list[int], list[float], float, int, int, int]]:
+        """``(tokens, parents, probs, score, match_len, source, global_index)`` per
+        item of the last call (read through the C pointers: cheaper than numpy
+        slicing for a decode step's few rows)."""
         out = self._out
+        unpack = ffi.unpack
+        counts = unpack(out.n_out, n_items)
+        scores = unpack(out.score, n_items)
+        match_lens = unpack(out.match_len, n_items)
+        sources = unpack(out.source, n_items)
+        index = unpack(out.global_index, n_items)
         tok, par, prob = out.tokens, out.parents, out.probs
         stride = self.stride
-        unpack = ffi.unpack
-        counts = self.n_out[:n_items].tolist()
-        scores = self.score[:n_items].tolist()
-        match_lens = self.match_len[:n_items].tolist()
-        sources = self.source[:n_items].tolist()
         res = []
         for i in range(n_items):
             k = counts[i]
@@ -646,6 +643,7 @@ class BatchBuffers:
                     scores[i],
                     match_lens[i],
                     sources[i],
+                    index[i],
                 )
             )
         return res

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec import _lowlevel
-from agentspec._batch import BatchDrafter
+from agentspec._batch import BatchDrafter, _check_caps
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, make_draft, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
@@ -153,6 +153,7 @@ class Speculator:
         self._version = 0  # bumped whenever the trees a request drafts from may change
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
         self._batchers: dict[DraftParams, BatchDrafter] = {}
+        self._last_batcher: tuple[DraftParams, BatchDrafter] | None = None
 
     # --- requests -------------------------------------------------------------
 
@@ -302,21 +303,21 @@ class Speculator:
             raise InvalidArgumentError(
                 f"extra_trees must have one entry per request ({len(ids)}), not {len(extra_trees)}"
             )
+        if len(ids) == 1 and caps is None:  # one request: the single call is cheaper
+            extra = () if extra_trees is None else extra_trees[0]
+            return [self.draft_source(ids[0], params, extra_trees=extra)]
         reqs = [self._request(r) for r in ids]
         owns = [self._request_trees(req) for req in reqs]
-        items = [
-            (
-                req.cursor,
-                own if extra_trees is None else self._with_extra(own, extra_trees[i]),
-                None,
-            )
-            for i, (req, own) in enumerate(zip(reqs, owns, strict=True))
-        ]
-        drafter = self._batcher(params or self._params, len(items))
+        if extra_trees is None:
+            trees: list[list[SuffixTree]] = owns
+        else:
+            pairs = zip(owns, extra_trees, strict=True)
+            trees = [self._with_extra(own, extra) for own, extra in pairs]
+        checked = None if caps is None else _check_caps(caps, len(ids))
+        drafter = self._batcher(params or self._params, len(ids))
+        rows = drafter._draft_rows([req.cursor for req in reqs], trees, None, [], checked)
         out: list[tuple[Draft, str]] = []
-        for req, own, (draft, index) in zip(
-            reqs, owns, drafter.draft_indexed(items, caps), strict=True
-        ):
+        for req, own, (draft, index) in zip(reqs, owns, rows, strict=True):
             if draft.source != "global":
                 out.append((draft, draft.source))
             elif index >= len(own):
@@ -327,12 +328,16 @@ class Speculator:
 
     def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
         """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""
+        last = self._last_batcher
+        if last is not None and last[0] is params and last[1].max_batch >= n:
+            return last[1]
         drafter = self._batchers.get(params)
         if drafter is None or drafter.max_batch < n:
             size = max(n, 2 * drafter.max_batch if drafter is not None else 16)
             if len(self._batchers) >= 16:  # params vary per call: keep a few
                 self._batchers.clear()
             drafter = self._batchers[params] = BatchDrafter(params, max_batch=size)
+        self._last_batcher = (params, drafter)
         return drafter
 
     @staticmethod

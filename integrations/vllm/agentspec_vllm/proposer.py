@@ -31,7 +31,10 @@ response joins its shards token batch by token batch while it is generated,
 so requests running at the same time (e.g. several candidate answers to one
 question) draft from each other's partial outputs.
 
-Drafts never exceed ``num_speculative_tokens`` nor reach ``max_model_len``,
+Each step feeds every row's new tokens first, then drafts all rows of a tenant
+in one native call (`Speculator.draft_batch_source`; one call per tenant
+present in the batch, usually one).  Drafts never exceed
+``num_speculative_tokens`` nor reach ``max_model_len``,
 requests still in prefill get none, and drafted ids are always below the
 model's vocabulary size (a pushed shard from another tokenizer cannot crash
 the engine).
