@@ -14,8 +14,10 @@ then the step's drafts are made either
 Both modes replay the same requests and reach the same drafts (checked), so
 the steps are identical; only the drafting calls are timed.  Finished requests
 are learned into their stage shards and replaced by the next ones.  Printed:
-median µs per step and per request-step over ``--repeats`` runs, and the
-batched/per-request ratio.
+median µs per step and per request-step over ``--repeats`` runs, the
+batched/per-request ratio, and tokens per request-step (accepted + 1: what
+concurrent requests of one stage gain from drafting from each other's partial
+outputs with live learning).
 
 Run ``python benchmarks/bench_decode_step.py --help``.
 """
@@ -103,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'live':>4}  {'batch':>5}  {'per-request':>12}  {'batched':>9}  {'ratio':>6}  "
-        f"{'batched/row':>11}"
+        f"{'batched/row':>11}  {'tok/step':>8}"
     )
+    tokens = sum(len(r.response) for r in requests)
     for live, batch in (
         (mode == "on", int(b)) for mode in args.live.split(",") for b in args.batch.split(",")
     ):
@@ -127,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         a, b = statistics.median(per[False]), statistics.median(per[True])
         row = b / (rows / steps) if steps else 0.0
         on = "on" if live else "off"
-        print(f"{on:>4}  {batch:>5}  {a:>12.1f}  {b:>9.1f}  {b / a:>6.2f}  {row:>11.2f}")
+        mat = tokens / rows if rows else 0.0
+        print(
+            f"{on:>4}  {batch:>5}  {a:>12.1f}  {b:>9.1f}  {b / a:>6.2f}  {row:>11.2f}  {mat:>8.3f}"
+        )
     return 0
 
 
