@@ -244,7 +244,8 @@ def test_draft_while_a_shard_is_written_raises_and_leaves_no_reader() -> None:
         before = spec.draft("r", PARAMS)
         pipe = spec.pipeline_tree("p")
         stage = spec.shard("SQL", "p")
-        assert pipe is not None and stage is not None
+        assert pipe is not None
+        assert stage is not None
         for busy in (stage, pipe):  # the first tree drafted from, then the second
             busy._write_begin()
             try:
@@ -252,7 +253,8 @@ def test_draft_while_a_shard_is_written_raises_and_leaves_no_reader() -> None:
                     spec.draft("r", PARAMS)
             finally:
                 busy._wlock.release()
-            assert not stage._readers and not pipe._readers
+            assert not stage._readers
+            assert not pipe._readers
         assert spec.draft("r", PARAMS) == before
 
 

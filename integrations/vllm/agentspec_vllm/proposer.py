@@ -196,7 +196,7 @@ class AgentSpecProposer:
                 wanted.setdefault(act.key[0], []).append((i, req_id, act, cap))
         for tenant, rows in wanted.items():
             drafts = self._draft_rows(self._tenants[tenant], rows)
-            for (i, _, act, _), (draft, source) in zip(rows, drafts, strict=True):
+            for (i, _rid, act, _cap), (draft, source) in zip(rows, drafts, strict=True):
                 out[i] = self._record(act, draft, source)
         return out
 
