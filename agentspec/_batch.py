@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentspec import _lowlevel
-from agentspec._draft import Cursor, Draft, DraftParams, draft_from_row, resolve_params
+from agentspec._draft import Cursor, Draft, DraftParams, make_draft, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import CapacityError, InvalidArgumentError
@@ -184,10 +184,7 @@ class BatchDrafter:
                 if failed is None:
                     raise _lowlevel.error(status)
                 raise _lowlevel.error(failed[1], f"batch item {failed[0]}")
-            return [
-                (draft_from_row(tok, par, prob, score, ml, src), index)
-                for tok, par, prob, score, ml, src, index in bufs.results(n)
-            ]
+            return [(make_draft(row), row[6]) for row in bufs.results(n)]
         finally:
             # The pointer rows keep stale handles until the next call
             # overwrites them; they are never read past an item's count.

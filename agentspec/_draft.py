@@ -193,13 +193,9 @@ _DRAFT_SLOTS = tuple(
 )  # slot setters: build frozen drafts without frozen __setattr__'s per-field cost
 
 
-_new_draft = object.__new__
-_unpack = _lowlevel.ffi.unpack
-_draft_multi_c = _lowlevel.lib.as_draft_multi
-
-
-def make_draft(result: DraftResult) -> Draft:
-    """A `Draft` from a raw ``(tokens, parents, probs, score, match_len, source)`` tuple.
+def make_draft(result: tuple[Any, ...]) -> Draft:
+    """A `Draft` from a raw ``(tokens, parents, probs, score, match_len, source,
+    ...)`` row (further fields, e.g. a global tree index, are ignored).
 
     Equivalent to ``Draft(*result[:5], SOURCES[result[5]])``, about 3x cheaper:
     drafting is on the decode step's critical path.
@@ -212,26 +208,6 @@ def make_draft(result: DraftResult) -> Draft:
     s[3](d, result[3])
     s[4](d, result[4])
     s[5](d, SOURCES[result[5]])
-    return d
-
-
-def draft_from_row(
-    tokens: list[int],
-    parents: list[int],
-    probs: list[float],
-    score: float,
-    match_len: int,
-    source: int,
-) -> Draft:
-    """A `Draft` from one output row (as `make_draft`, without the tuple)."""
-    d = _new_draft(Draft)
-    s0, s1, s2, s3, s4, s5 = _DRAFT_SLOTS
-    s0(d, tokens)
-    s1(d, parents)
-    s2(d, probs)
-    s3(d, score)
-    s4(d, match_len)
-    s5(d, SOURCES[source])
     return d
 
 
@@ -429,32 +405,13 @@ class Cursor:
 
     def _draft_multi(
         self, trees: list[SuffixTree], params: DraftParams, handles: _lowlevel.CData
-    ) -> tuple[DraftResult, int]:
-        """Draft from this cursor and several global trees (at most 4, in order of
-        preference on equal scores); ``handles`` is scratch from
-        `_lowlevel.new_tree_array`.  Returns the raw result tuple and the index
-        in ``trees`` of the tree the draft came from (0 when none).
+    ) -> tuple[Draft, int]:
+        """Draft from this cursor and several global trees (at most 4, checked
+        `SuffixTree`s, in order of preference on equal scores); ``handles`` is
+        scratch from `_lowlevel.new_tree_array`.  Returns the draft and the
+        index in ``trees`` of the tree it came from (0 when none).  The
+        per-step path of `Speculator.draft`, so it makes few Python calls.
         """
-        c_params = params._c
-        h = self._enter()
-        begun = 0
-        try:
-            for tree in trees:
-                handles[begun] = read_begin(tree)
-                begun += 1
-            bufs = self._buffers(params.max_spec_tokens)
-            return _lowlevel.draft_multi(h, handles, begun, c_params, bufs)
-        finally:
-            for i in range(begun):
-                trees[i]._read_end()
-            self._lock.release()
-
-    def _draft_trees(
-        self, trees: list[SuffixTree], params: DraftParams, handles: _lowlevel.CData
-    ) -> Draft:
-        """`_draft_multi` returning the `Draft` (the per-step path of `Speculator.draft`:
-        the same steps with fewer Python calls, as drafting is on the decode step's
-        critical path).  ``trees`` must be checked `SuffixTree`s."""
         lock = self._lock
         if not lock.acquire(False):
             raise RuntimeError("concurrent use of a Cursor: another thread is using it right now")
@@ -469,20 +426,8 @@ class Cursor:
             bufs = self._bufs
             if bufs is None or bufs.cap < params.max_spec_tokens:
                 bufs = self._buffers(params.max_spec_tokens)
-            out = bufs.out
-            status = _draft_multi_c(h, handles, begun, params._c, out)
-            if status:
-                raise _lowlevel.error(status)
-            n = out.n
-            d = _new_draft(Draft)
-            s0, s1, s2, s3, s4, s5 = _DRAFT_SLOTS
-            s0(d, _unpack(bufs.tokens, n))
-            s1(d, _unpack(bufs.parents, n))
-            s2(d, _unpack(bufs.probs, n))
-            s3(d, out.score)
-            s4(d, out.match_len)
-            s5(d, SOURCES[out.source])
-            return d
+            row = _lowlevel.draft_multi(h, handles, begun, params._c, bufs)
+            return make_draft(row), row[6]
         finally:
             for i in range(begun):
                 trees[i]._readers.pop()

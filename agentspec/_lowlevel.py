@@ -469,14 +469,27 @@ MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
 
 def draft_multi(
     cur: CData, globals_: CData, n: int, params: CData, bufs: DraftBuffers
-) -> tuple[tuple[list[int], list[int], list[float], float, int, int], int]:
+) -> tuple[list[int], list[int], list[float], float, int, int, int]:
     """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns
-    `DraftBuffers.result` and the index of the global tree the draft came from
-    (0 when none)."""
-    st = lib.as_draft_multi(cur, globals_, n, params, bufs.out)
+    ``(tokens, parents, probs, score, match_len, source, global_index)``, the
+    global index naming the tree the draft came from (0 when none)."""
+    out = bufs.out
+    st = lib.as_draft_multi(cur, globals_, n, params, out)
     if st:
         raise error(st)
-    return bufs.result(), int(bufs.out.global_index)
+    k = out.n
+    return (
+        _unpack(bufs.tokens, k),
+        _unpack(bufs.parents, k),
+        _unpack(bufs.probs, k),
+        out.score,
+        out.match_len,
+        out.source,
+        out.global_index,
+    )
+
+
+_unpack = ffi.unpack
 
 
 def new_tree_array(n: int) -> CData:

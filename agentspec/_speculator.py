@@ -41,7 +41,7 @@ from typing import Any
 
 from agentspec import _lowlevel
 from agentspec._batch import BatchDrafter, _check_caps
-from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, make_draft, resolve_params
+from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import InvalidArgumentError
@@ -232,7 +232,7 @@ class Speculator:
         trees = req.trees if req.version == self._version else self._request_trees(req)
         if extra_trees:
             trees = self._with_extra(trees, extra_trees)
-        return req.cursor._draft_trees(trees, p, self._handles)
+        return req.cursor._draft_multi(trees, p, self._handles)[0]
 
     def draft_source(
         self,
@@ -246,13 +246,8 @@ class Speculator:
         req = self._request(req_id)
         own = self._request_trees(req)
         trees = self._with_extra(own, extra_trees)
-        result, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
-        draft = make_draft(result)
-        if draft.source != "global":
-            return draft, draft.source
-        if index >= len(own):
-            return draft, "extra"
-        return draft, self._tree_role(req.key, trees[index])
+        draft, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
+        return draft, self._source_name(req, own, draft, index)
 
     def draft_batch(
         self,
@@ -316,15 +311,10 @@ class Speculator:
         checked = None if caps is None else _check_caps(caps, len(ids))
         drafter = self._batcher(params or self._params, len(ids))
         rows = drafter._draft_rows([req.cursor for req in reqs], trees, None, [], checked)
-        out: list[tuple[Draft, str]] = []
-        for req, own, (draft, index) in zip(reqs, owns, rows, strict=True):
-            if draft.source != "global":
-                out.append((draft, draft.source))
-            elif index >= len(own):
-                out.append((draft, "extra"))
-            else:
-                out.append((draft, self._tree_role(req.key, own[index])))
-        return out
+        return [
+            (draft, self._source_name(req, own, draft, index))
+            for req, own, (draft, index) in zip(reqs, owns, rows, strict=True)
+        ]
 
     def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
         """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""
@@ -592,6 +582,13 @@ class Speculator:
             trees.append(fallback.tree)
         return trees
 
-    def _tree_role(self, key: ShardKey, tree: SuffixTree) -> str:
-        stage = self._stages.get(key)
-        return "stage" if stage is not None and stage.tree is tree else "pipeline"
+    def _source_name(self, req: _Request, own: list[SuffixTree], draft: Draft, index: int) -> str:
+        """Where a draft of ``req`` came from (see `draft_source`); ``index``
+        names its global tree among ``own`` (the request's trees) and the extras
+        after them."""
+        if draft.source != "global":
+            return draft.source
+        if index >= len(own):
+            return "extra"
+        stage = self._stages.get(req.key)
+        return "stage" if stage is not None and stage.tree is own[index] else "pipeline"
