@@ -26,6 +26,9 @@ request streamed.  Reported per method and concurrency:
   ``completion_tokens / (completion_tokens - accepted)``, where ``accepted``
   is the growth of ``vllm:spec_decode_num_accepted_tokens_total`` on
   ``/metrics`` (each step yields one token plus its accepted draft tokens);
+* **drafted**: draft tokens verified per step (growth of
+  ``vllm:spec_decode_num_draft_tokens_total`` over the steps): the extra
+  work each step pays for, which costs real compute on a CPU;
 * **acc.len**: vLLM's mean acceptance length, ``1 + accepted / drafts``
   (steps that had a draft only);
 * **TPOT** (ms): median over requests of ``(t_last - t_first) / (tokens - 1)``;
@@ -101,6 +104,7 @@ class Result:
     tokens: int = 0
     accepted: float = 0.0
     drafts: float = 0.0
+    drafted: float = 0.0  # draft tokens proposed (vllm:spec_decode_num_draft_tokens_total)
     wall: float = 0.0
     tpots: list[float] = field(default_factory=list)
     errors: int = 0
@@ -109,6 +113,12 @@ class Result:
     def tok_per_step(self) -> float:
         steps = self.tokens - self.accepted
         return self.tokens / steps if steps > 0 else float("nan")
+
+    @property
+    def drafted_per_step(self) -> float:
+        """Draft tokens verified per target-model step (what each step pays for)."""
+        steps = self.tokens - self.accepted
+        return self.drafted / steps if steps > 0 else float("nan")
 
     @property
     def acc_len(self) -> float:
@@ -254,17 +264,19 @@ class Server:
         if proc is not None:
             stop_group(proc, grace=60)
 
-    def spec_counters(self) -> tuple[float, float]:
-        """``(accepted tokens, drafts)`` so far, from ``/metrics``."""
+    def spec_counters(self) -> tuple[float, float, float]:
+        """``(accepted tokens, drafts, draft tokens)`` so far, from ``/metrics``."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             text = r.read().decode()
-        acc = drafts = 0.0
+        acc = drafts = drafted = 0.0
         for line in text.splitlines():
             if line.startswith("vllm:spec_decode_num_accepted_tokens_total"):
                 acc += float(line.rsplit(" ", 1)[1])
             elif line.startswith("vllm:spec_decode_num_drafts_total"):
                 drafts += float(line.rsplit(" ", 1)[1])
-        return acc, drafts
+            elif line.startswith("vllm:spec_decode_num_draft_tokens_total"):
+                drafted += float(line.rsplit(" ", 1)[1])
+        return acc, drafts, drafted
 
 
 # --- requests -----------------------------------------------------------------------
@@ -382,10 +394,10 @@ def bench_method(
                         shards.update({k: store.snapshot(k)[0] for k in learned})
             for c, prompts in sorted(evals.items()):
                 res = Result(method, c)
-                acc0, dr0 = server.spec_counters()
+                acc0, dr0, dt0 = server.spec_counters()
                 run_batch(client, prompts, c, args.max_tokens, ours, res, cfg.served_name)
-                acc1, dr1 = server.spec_counters()
-                res.accepted, res.drafts = acc1 - acc0, dr1 - dr0
+                acc1, dr1, dt1 = server.spec_counters()
+                res.accepted, res.drafts, res.drafted = acc1 - acc0, dr1 - dr0, dt1 - dt0
                 results.append(res)
                 print(f"  {method:17s} c={c:<3d} {fmt_row(res)}", flush=True)
         finally:
@@ -400,7 +412,8 @@ def bench_method(
 def fmt_row(r: Result) -> str:
     return (
         f"req={r.requests:<4d} tok={r.tokens:<6d} tok/step={r.tok_per_step:5.2f} "
-        f"acc.len={r.acc_len:5.2f} TPOT={r.tpot_ms:7.1f} ms  tok/s={r.throughput:7.1f}"
+        f"drafted/step={r.drafted_per_step:5.2f} acc.len={r.acc_len:5.2f} "
+        f"TPOT={r.tpot_ms:7.1f} ms  tok/s={r.throughput:7.1f}"
         + (f"  errors={r.errors}" if r.errors else "")
     )
 
@@ -410,7 +423,8 @@ def report(results: list[Result]) -> None:
     print()
     print(
         f"{'method':17s} {'conc':>4s} {'req':>4s} {'tokens':>7s} {'tok/step':>8s} "
-        f"{'acc.len':>7s} {'TPOT ms':>8s} {'tok/s':>7s} {'TPOT x':>7s} {'tok/s x':>7s}"
+        f"{'drafted':>7s} {'acc.len':>7s} {'TPOT ms':>8s} {'tok/s':>7s} {'TPOT x':>7s} "
+        f"{'tok/s x':>7s}"
     )
     for r in results:
         b = base.get(r.concurrency)
@@ -418,11 +432,13 @@ def report(results: list[Result]) -> None:
         thr_x = r.throughput / b.throughput if b else float("nan")
         print(
             f"{r.method:17s} {r.concurrency:4d} {r.requests:4d} {r.tokens:7d} "
-            f"{r.tok_per_step:8.2f} {r.acc_len:7.2f} {r.tpot_ms:8.1f} {r.throughput:7.1f} "
+            f"{r.tok_per_step:8.2f} {r.drafted_per_step:7.2f} {r.acc_len:7.2f} "
+            f"{r.tpot_ms:8.1f} {r.throughput:7.1f} "
             f"{tpot_x:7.2f} {thr_x:7.2f}" + (f"  ({r.errors} errors)" if r.errors else "")
         )
     print(
-        "\nTPOT x: how many times faster per output token than 'none' (higher is better); "
+        "\ndrafted: draft tokens verified per step; "
+        "TPOT x: how many times faster per output token than 'none' (higher is better); "
         "tok/s x: throughput relative to 'none'."
     )
 
@@ -639,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                         "requests": r.requests,
                         "tokens": r.tokens,
                         "tok_per_step": r.tok_per_step,
+                        "drafted_per_step": r.drafted_per_step,
                         "acc_len": r.acc_len,
                         "tpot_ms": r.tpot_ms,
                         "throughput": r.throughput,
