@@ -47,6 +47,29 @@ static as_tree *make_global(th_rng *r, uint32_t depth) {
     return g;
 }
 
+/* Random appends for n items (6 tokens each on the first step, else 0..3). */
+static void random_appends(th_rng *r, size_t n, int first, int32_t *toks, uint64_t *offs) {
+    offs[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = first ? 6 : th_rng_below(r, 4);
+        for (size_t j = 0; j < k; j++) toks[offs[i] + j] = (int32_t)th_rng_below(r, 5);
+        offs[i + 1] = offs[i] + k;
+    }
+}
+
+/* Row i of a batch equals the single draft o (whose arrays o->tokens etc. hold it). */
+static void check_row(const rows *out, size_t i, const as_draft_out *o) {
+    CHECK_EQ_INT(out->n_out[i], o->n);
+    CHECK_EQ_INT(out->match_len[i], o->match_len);
+    CHECK_EQ_INT(out->source[i], o->source);
+    CHECK_EQ_DBL(out->score[i], o->score);
+    for (uint32_t k = 0; k < o->n && k < out->n_out[i]; k++) {
+        CHECK_EQ_INT(out->tokens[i * STRIDE + k], o->tokens[k]);
+        CHECK_EQ_INT(out->parents[i * STRIDE + k], o->parents[k]);
+        CHECK_EQ_DBL(out->probs[i * STRIDE + k], o->probs[k]);
+    }
+}
+
 /* The same items as one batch and as separate extend+draft calls give the same rows. */
 static void test_batch_equals_single(void) {
     th_rng r;
@@ -71,12 +94,7 @@ static void test_batch_equals_single(void) {
     for (int step = 0; step < 30; step++) {
         int32_t toks[N * 8];
         uint64_t offs[N + 1];
-        offs[0] = 0;
-        for (size_t i = 0; i < N; i++) {
-            size_t k = step == 0 ? 6 : th_rng_below(&r, 4);
-            for (size_t j = 0; j < k; j++) toks[offs[i] + j] = (int32_t)th_rng_below(&r, 5);
-            offs[i + 1] = offs[i] + k;
-        }
+        random_appends(&r, N, step == 0, toks, offs);
         p.flags = step % 2 ? AS_DRAFT_TREE : 0;
         rows_poison(&out);
         CHECK_STATUS(run_batch(a, glob, N, toks, offs, &p, &out, 1), AS_OK);
@@ -88,16 +106,8 @@ static void test_batch_equals_single(void) {
             as_draft_out o = {tk, pa, pr, STRIDE, 0, 0, 0, 0.0, 0};
             REQUIRE_OK(as_draft(b[i], glob[i], &p, &o));
             CHECK_EQ_U64(as_cursor_len(a[i]), as_cursor_len(b[i]));
-            CHECK_EQ_INT(out.n_out[i], o.n);
-            CHECK_EQ_INT(out.match_len[i], o.match_len);
-            CHECK_EQ_INT(out.source[i], o.source);
-            CHECK_EQ_DBL(out.score[i], o.score);
+            check_row(&out, i, &o);
             nonempty += o.n > 0;
-            for (uint32_t k = 0; k < o.n && k < out.n_out[i]; k++) {
-                CHECK_EQ_INT(out.tokens[i * STRIDE + k], tk[k]);
-                CHECK_EQ_INT(out.parents[i * STRIDE + k], pa[k]);
-                CHECK_EQ_DBL(out.probs[i * STRIDE + k], pr[k]);
-            }
         }
     }
     CHECK(nonempty > 100);
@@ -312,13 +322,9 @@ static void test_multi_equals_single(void) {
     for (int step = 0; step < 24; step++) {
         int32_t toks[N * 8];
         uint64_t offs[N + 1];
-        offs[0] = 0;
-        for (size_t i = 0; i < N; i++) {
-            size_t k = step == 0 ? 6 : th_rng_below(&r, 4);
-            for (size_t j = 0; j < k; j++) toks[offs[i] + j] = (int32_t)th_rng_below(&r, 5);
-            offs[i + 1] = offs[i] + k;
+        random_appends(&r, N, step == 0, toks, offs);
+        for (size_t i = 0; i < N; i++)
             caps[i] = (uint32_t)th_rng_below(&r, 16); /* 0 .. 15: some above max_spec_tokens */
-        }
         p.flags = step % 2 ? AS_DRAFT_TREE : 0;
         rows_poison(&out);
         memset(gidx, 0x5A, sizeof gidx);
@@ -338,19 +344,11 @@ static void test_multi_equals_single(void) {
             float pr[STRIDE];
             as_draft_out o = {tk, pa, pr, STRIDE, 0, 0, 0, 0.0, 0};
             REQUIRE_OK(as_draft_multi(b[i], glob + i * GS, ng[i], &q, &o));
-            CHECK_EQ_INT(out.n_out[i], o.n);
+            check_row(&out, i, &o);
             CHECK(out.n_out[i] <= caps[i]);
-            CHECK_EQ_INT(out.match_len[i], o.match_len);
-            CHECK_EQ_INT(out.source[i], o.source);
             CHECK_EQ_INT(gidx[i], o.global_index);
-            CHECK_EQ_DBL(out.score[i], o.score);
             nonempty += o.n > 0;
             capped += caps[i] < p.max_spec_tokens && o.n == caps[i];
-            for (uint32_t k = 0; k < o.n && k < out.n_out[i]; k++) {
-                CHECK_EQ_INT(out.tokens[i * STRIDE + k], tk[k]);
-                CHECK_EQ_INT(out.parents[i * STRIDE + k], pa[k]);
-                CHECK_EQ_DBL(out.probs[i * STRIDE + k], pr[k]);
-            }
         }
     }
     CHECK(nonempty > 100);
