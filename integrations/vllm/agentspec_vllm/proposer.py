@@ -34,7 +34,9 @@ question) draft from each other's partial outputs.
 Each step feeds every row's new tokens first, then drafts all rows of a tenant
 in one native call (`Speculator.draft_batch_source`; one call per tenant
 present in the batch, usually one).  Drafts never exceed
-``num_speculative_tokens`` nor reach ``max_model_len``,
+``num_speculative_tokens`` nor reach ``max_model_len`` or the request's
+``max_tokens`` (vLLM verifies a draft whole even when the request must stop
+inside it, so those tokens would cost compute for nothing),
 requests still in prefill get none, and drafted ids are always below the
 model's vocabulary size (a pushed shard from another tokenizer cannot crash
 the engine).
@@ -104,6 +106,7 @@ class _Active:
     session: str | None
     prompt_len: int
     fed: int  # tokens of the row given to the speculator so far
+    end: int  # the row's last possible length (prompt + max_tokens, or max_model_len)
     last_draft: int = 0  # length of the draft proposed at the previous step
 
 
@@ -212,7 +215,11 @@ class AgentSpecProposer:
         key, session = self._tags(state)
         spec = self._speculator(key[0])
         spec.start_request(req_id, row[:prompt_len], stage=key[2], pipeline=key[1])
-        act = self._active[req_id] = _Active(state, key, session, prompt_len, prompt_len)
+        end = self.max_model_len
+        max_tokens = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
+        if isinstance(max_tokens, int) and max_tokens > 0:
+            end = min(end, prompt_len + max_tokens)
+        act = self._active[req_id] = _Active(state, key, session, prompt_len, prompt_len, end)
         self._key_stats(key).requests += 1
         return act
 
@@ -228,7 +235,9 @@ class AgentSpecProposer:
         act.last_draft = 0
         if not len(sampled):  # prefill chunk or discarded step
             return 0
-        return max(0, min(self.num_speculative_tokens, self.max_model_len - n - 1))
+        # A step adds the accepted drafts plus one token, and the request stops at
+        # `end`: drafts past it would be verified for nothing.
+        return max(0, min(self.num_speculative_tokens, act.end - n - 1))
 
     def _record(self, act: _Active, draft: Draft, source: str) -> list[int]:
         """A row's drafted ids (cut at the first one outside the vocabulary), counted."""

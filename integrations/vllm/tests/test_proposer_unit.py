@@ -72,9 +72,17 @@ class Loop:
     def input_batch(self) -> Any:
         return SimpleNamespace(req_ids=list(self.rows), num_prompt_tokens=self.num_prompt)
 
-    def add(self, req_id: str, prompt: list[int], answer: list[int], **tags: Any) -> None:
+    def add(
+        self,
+        req_id: str,
+        prompt: list[int],
+        answer: list[int],
+        max_tokens: int | None = None,
+        **tags: Any,
+    ) -> None:
         extra = {f"agentspec_{k}": v for k, v in tags.items()}
-        self.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra))
+        params = SimpleNamespace(extra_args=extra, max_tokens=max_tokens)
+        self.requests[req_id] = SimpleNamespace(sampling_params=params)
         row = len(self.rows)
         self.rows.append(req_id)
         self.token_ids_cpu[row, : len(prompt)] = prompt
@@ -193,6 +201,24 @@ def test_never_drafts_past_max_model_len() -> None:
     row = loop.rows.index("b")
     loop.num_tokens_no_spec[row] = max_len - 1
     assert loop.step()[row] == []
+
+
+def test_never_drafts_past_max_tokens() -> None:
+    proposer = AgentSpecProposer(vllm_config())
+    loop = Loop(proposer)
+    loop.run("a", PROMPT, ANSWER, stage="S")
+    loop.step()
+    # "b" may produce 7 tokens: after the prefill's first token a draft of at
+    # most 5 fills the rest (5 accepted + 1 bonus), and the last step drafts none.
+    loop.add("b", PROMPT, ANSWER[:7], max_tokens=7, stage="S")
+    lengths = []
+    while loop.done["b"] < 7:
+        drafts = loop.step()
+        produced = int(loop.num_tokens_no_spec[0]) - len(PROMPT)
+        assert len(drafts[0]) <= max(0, 7 - produced - 1)
+        lengths.append(len(drafts[0]))
+    assert lengths == [5, 0]  # the learned answer was drafted, cut at max_tokens
+    assert loop.steps["b"] == 2
 
 
 def test_left_requests_are_finished_paused_ones_kept_and_reused_ids_restarted() -> None:
