@@ -22,10 +22,17 @@ candidate SQL per question): the first sessions warm the server up, the
 following ones are measured, in disjoint sets per concurrency level, each
 request streamed.  Reported per method and concurrency:
 
-* **tok/step**: output tokens per target-model step,
-  ``completion_tokens / (completion_tokens - accepted)``, where ``accepted``
-  is the growth of ``vllm:spec_decode_num_accepted_tokens_total`` on
-  ``/metrics`` (each step yields one token plus its accepted draft tokens);
+* **tok/step**: output tokens per target-model step.  Steps are counted on
+  the client: with ``return_token_ids`` vLLM streams one chunk carrying
+  token ids per engine step of a request (the prefill's first token
+  included);
+* **metrics**: the same ratio from vLLM's counters,
+  ``completion_tokens / (completion_tokens - accepted)`` with ``accepted``
+  the growth of ``vllm:spec_decode_num_accepted_tokens_total``.  vLLM counts
+  a draft token as accepted before it cuts the output at ``max_tokens`` (or
+  a stop token), so a method that drafts past a request's end is credited
+  with tokens nobody receives and this figure runs high for it; tok/step
+  does not;
 * **drafted**: draft tokens verified per step (growth of
   ``vllm:spec_decode_num_draft_tokens_total`` over the steps): the extra
   work each step pays for, which costs real compute on a CPU;
@@ -105,19 +112,31 @@ class Result:
     accepted: float = 0.0
     drafts: float = 0.0
     drafted: float = 0.0  # draft tokens proposed (vllm:spec_decode_num_draft_tokens_total)
+    steps: int = 0  # engine steps of the requests, counted from the streamed chunks
     wall: float = 0.0
     tpots: list[float] = field(default_factory=list)
     errors: int = 0
 
     @property
+    def step_count(self) -> float:
+        """Target-model steps: counted on the client, else from vLLM's counters."""
+        return self.steps if self.steps > 0 else self.tokens - self.accepted
+
+    @property
     def tok_per_step(self) -> float:
+        steps = self.step_count
+        return self.tokens / steps if steps > 0 else float("nan")
+
+    @property
+    def tok_per_step_metrics(self) -> float:
+        """tok/step from vLLM's counters (credits accepted drafts cut at the output's end)."""
         steps = self.tokens - self.accepted
         return self.tokens / steps if steps > 0 else float("nan")
 
     @property
     def drafted_per_step(self) -> float:
         """Draft tokens verified per target-model step (what each step pays for)."""
-        steps = self.tokens - self.accepted
+        steps = self.step_count
         return self.drafted / steps if steps > 0 else float("nan")
 
     @property
@@ -284,13 +303,15 @@ class Server:
 
 def run_one(
     client: Any, prompt: Prompt, max_tokens: int, tagged: bool, model: str = MODEL_NAME
-) -> tuple[int, float | None]:
-    """Stream one chat request to served ``model``: ``(completion tokens, TPOT in s or None)``."""
-    kwargs: dict[str, Any] = {}
+) -> tuple[int, float | None, int]:
+    """Stream one chat request to served ``model``: ``(completion tokens, TPOT in s
+    or None, engine steps)``; the steps are the chunks that carry token ids."""
+    body: dict[str, Any] = {"return_token_ids": True}
+    kwargs: dict[str, Any] = {"extra_body": body}
     if tagged:
         kwargs["stage"] = prompt.stage
     else:
-        kwargs["extra_body"] = {"vllm_xargs": {"agentspec_stage": prompt.stage}}
+        body["vllm_xargs"] = {"agentspec_stage": prompt.stage}
     stream = client.chat.completions.create(
         model=model,
         messages=prompt.messages,
@@ -301,17 +322,21 @@ def run_one(
         **kwargs,
     )
     first = last = None
-    tokens = 0
+    tokens = steps = 0
     for chunk in stream:
         now = time.perf_counter()
-        if chunk.choices and (chunk.choices[0].delta.content or ""):
-            first = now if first is None else first
-            last = now
+        if chunk.choices:
+            choice = chunk.choices[0]
+            if getattr(choice, "token_ids", None):
+                steps += 1
+            if choice.delta.content or "":
+                first = now if first is None else first
+                last = now
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     if first is None or last is None or tokens < 2:
-        return tokens, None
-    return tokens, (last - first) / (tokens - 1)
+        return tokens, None, steps
+    return tokens, (last - first) / (tokens - 1), steps
 
 
 def run_batch(
@@ -340,8 +365,10 @@ def run_batch(
         return
     result.wall = wall
     result.requests = len(outs)
-    result.tokens = sum(n for n, _ in outs)
-    result.tpots = [t for _, t in outs if t is not None]
+    result.tokens = sum(n for n, _, _ in outs)
+    result.tpots = [t for _, t, _ in outs if t is not None]
+    # Client-counted steps only when every request reported them (else vLLM's counters).
+    result.steps = sum(k for _, _, k in outs) if all(k > 0 for _, _, k in outs) else 0
 
 
 def bench_method(
@@ -412,7 +439,8 @@ def bench_method(
 def fmt_row(r: Result) -> str:
     return (
         f"req={r.requests:<4d} tok={r.tokens:<6d} tok/step={r.tok_per_step:5.2f} "
-        f"drafted/step={r.drafted_per_step:5.2f} acc.len={r.acc_len:5.2f} "
+        f"(metrics {r.tok_per_step_metrics:5.2f}) drafted/step={r.drafted_per_step:5.2f} "
+        f"acc.len={r.acc_len:5.2f} "
         f"TPOT={r.tpot_ms:7.1f} ms  tok/s={r.throughput:7.1f}"
         + (f"  errors={r.errors}" if r.errors else "")
     )
@@ -423,8 +451,8 @@ def report(results: list[Result]) -> None:
     print()
     print(
         f"{'method':17s} {'conc':>4s} {'req':>4s} {'tokens':>7s} {'tok/step':>8s} "
-        f"{'drafted':>7s} {'acc.len':>7s} {'TPOT ms':>8s} {'tok/s':>7s} {'TPOT x':>7s} "
-        f"{'tok/s x':>7s}"
+        f"{'metrics':>7s} {'drafted':>7s} {'acc.len':>7s} {'TPOT ms':>8s} {'tok/s':>7s} "
+        f"{'TPOT x':>7s} {'tok/s x':>7s}"
     )
     for r in results:
         b = base.get(r.concurrency)
@@ -432,12 +460,15 @@ def report(results: list[Result]) -> None:
         thr_x = r.throughput / b.throughput if b else float("nan")
         print(
             f"{r.method:17s} {r.concurrency:4d} {r.requests:4d} {r.tokens:7d} "
-            f"{r.tok_per_step:8.2f} {r.drafted_per_step:7.2f} {r.acc_len:7.2f} "
+            f"{r.tok_per_step:8.2f} {r.tok_per_step_metrics:7.2f} {r.drafted_per_step:7.2f} "
+            f"{r.acc_len:7.2f} "
             f"{r.tpot_ms:8.1f} {r.throughput:7.1f} "
             f"{tpot_x:7.2f} {thr_x:7.2f}" + (f"  ({r.errors} errors)" if r.errors else "")
         )
     print(
-        "\ndrafted: draft tokens verified per step; "
+        "\ntok/step: engine steps counted from the streamed chunks; metrics: the same from "
+        "vLLM's counters, which also credit accepted draft tokens cut at max_tokens; "
+        "drafted: draft tokens verified per step; "
         "TPOT x: how many times faster per output token than 'none' (higher is better); "
         "tok/s x: throughput relative to 'none'."
     )
@@ -655,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                         "requests": r.requests,
                         "tokens": r.tokens,
                         "tok_per_step": r.tok_per_step,
+                        "tok_per_step_metrics": r.tok_per_step_metrics,
+                        "steps": r.step_count,
                         "drafted_per_step": r.drafted_per_step,
                         "acc_len": r.acc_len,
                         "tpot_ms": r.tpot_ms,

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -232,3 +232,61 @@ def test_cuda_script_parses() -> None:
         [bash, "-n", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
+
+
+class _Chunks:
+    """A stand-in for the OpenAI client's chat stream: yields prepared chunks."""
+
+    def __init__(self, chunks: list[Any]) -> None:
+        self.chunks = chunks
+        self.kwargs: dict[str, Any] = {}
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
+
+    def _create(self, **kwargs: Any) -> Any:
+        self.kwargs = kwargs
+        return iter(self.chunks)
+
+
+def _chunk(text: str | None, token_ids: list[int] | None, usage: int | None = None) -> Any:
+    choices = (
+        []
+        if text is None
+        else [SimpleNamespace(delta=SimpleNamespace(content=text), token_ids=token_ids)]
+    )
+    return SimpleNamespace(
+        choices=choices,
+        usage=None if usage is None else SimpleNamespace(completion_tokens=usage),
+    )
+
+
+def test_run_one_counts_engine_steps_from_token_id_chunks() -> None:
+    bench = _load_bench()
+    # role chunk, prefill token, a step of 3 (2 accepted drafts), a step whose
+    # text is held back by the detokenizer, the usage chunk
+    client = _Chunks(
+        [
+            _chunk("", None),
+            _chunk("SELECT", [10]),
+            _chunk(" a FROM", [11, 12, 13]),
+            _chunk("", [14]),
+            _chunk(None, None, usage=5),
+        ]
+    )
+    tokens, tpot, steps = bench.run_one(client, bench.Prompt([], "sql"), 16, tagged=False)
+    assert (tokens, steps) == (5, 3)
+    assert tpot is not None
+    body = client.kwargs["extra_body"]
+    assert body["return_token_ids"] is True
+    assert body["vllm_xargs"] == {"agentspec_stage": "sql"}
+
+
+def test_tok_per_step_uses_client_steps_not_credited_overshoot() -> None:
+    bench = _load_bench()
+    # 100 tokens in 20 steps; vLLM's counter also credits 10 draft tokens that
+    # were accepted past max_tokens and cut from the output.
+    r = bench.Result("suffix", 8, requests=2, tokens=100, accepted=90.0, steps=20, drafted=120.0)
+    assert r.tok_per_step == 5.0
+    assert r.tok_per_step_metrics == 10.0
+    assert r.drafted_per_step == 6.0
+    r.steps = 0  # a server that streams no token ids: fall back to the counters
+    assert r.tok_per_step == 10.0
