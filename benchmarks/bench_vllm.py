@@ -12,10 +12,14 @@ measured:
   ``arctic_inference`` imports in the server's Python;
 * ``agentspec``: agentspec's proposer; the warm-up goes through
   `AgentSpecClient`, whose outputs are learned per stage and pushed to the
-  worker as shards (the worker also learns its own outputs);
+  worker as shards (the worker also learns its own outputs).  The measured
+  requests go through the plain OpenAI client, as for every other method,
+  with the stage in ``vllm_xargs``: the client's own learning and pushes
+  would take CPU from the server when both share one small machine;
 * ``agentspec-pushed``: a fresh agentspec server that saw no warm-up
   traffic, given only the shards the client store collected during the
-  ``agentspec`` warm-up (what a restarted or new replica gets).
+  ``agentspec`` warm-up (what a restarted or new replica gets); measured
+  through `AgentSpecClient`, which keeps learning and pushing.
 
 Prompts are replayed from a trace file (default: spider-sql, three stages of
 candidate SQL per question): the first sessions warm the server up, the
@@ -393,7 +397,10 @@ def bench_method(
             with ShardPusher(store, [server.url]) as pusher:
                 if not pusher.flush(120):
                     raise RuntimeError(f"shards not acknowledged: {pusher.status()}")
-        client: Any
+        plain = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600
+        )
+        client: Any = plain
         if ours:
             client = AgentSpecClient(
                 base_url=server.url + "/v1",
@@ -405,10 +412,11 @@ def bench_method(
                 max_retries=0,
                 timeout=600,
             )
-        else:
-            client = openai.OpenAI(
-                base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600
-            )
+        # "agentspec" is measured through the plain client, as every other method
+        # (the stage travels in vllm_xargs): its worker learns on its own, and the
+        # client's learning and pushes would take CPU from the server on this one
+        # machine.  "agentspec-pushed" keeps the AgentSpecClient and its pushes.
+        measure, tagged = (client, True) if method == "agentspec-pushed" else (plain, False)
         try:
             if method != "agentspec-pushed":
                 run_batch(
@@ -422,13 +430,15 @@ def bench_method(
             for c, prompts in sorted(evals.items()):
                 res = Result(method, c)
                 acc0, dr0, dt0 = server.spec_counters()
-                run_batch(client, prompts, c, args.max_tokens, ours, res, cfg.served_name)
+                run_batch(measure, prompts, c, args.max_tokens, tagged, res, cfg.served_name)
                 acc1, dr1, dt1 = server.spec_counters()
                 res.accepted, res.drafts, res.drafted = acc1 - acc0, dr1 - dr0, dt1 - dt0
                 results.append(res)
                 print(f"  {method:17s} c={c:<3d} {fmt_row(res)}", flush=True)
         finally:
-            client.close()
+            if client is not plain:
+                client.close()
+            plain.close()
             store.close()
     return results
 
