@@ -48,6 +48,10 @@ request streamed.  Reported per method and concurrency:
 Then each method's TPOT and throughput relative to ``none``.  Absolute
 numbers on a 2-core CPU say little about a GPU; the ratios and tok/step are
 the point.  ``--quick`` runs a small configuration (a few minutes).
+``--rounds N`` repeats every method N times on the same prompts, in an order
+rotated each round (TPOT on a shared CPU drifts by tens of percent between
+runs); the tables pool the rounds, and a last table lists each round's TPOT
+and marks the lowest median per level.
 
 ``--device cuda`` runs the same benchmark on CUDA vLLM: no
 ``VLLM_CPU_KVCACHE_SPACE``, CUDA graphs unless ``--enforce-eager``, and
@@ -120,6 +124,14 @@ class Result:
     wall: float = 0.0
     tpots: list[float] = field(default_factory=list)
     errors: int = 0
+    round_tpots: list[float] = field(default_factory=list)  # per round, when merged
+
+    @property
+    def tpot_round_median_ms(self) -> float:
+        """Median over rounds of each round's TPOT (just TPOT for one round)."""
+        if not self.round_tpots:
+            return self.tpot_ms
+        return statistics.median(self.round_tpots)
 
     @property
     def step_count(self) -> float:
@@ -154,6 +166,43 @@ class Result:
     @property
     def throughput(self) -> float:
         return self.tokens / self.wall if self.wall > 0 else float("nan")
+
+
+def round_order(methods: list[str], r: int) -> list[str]:
+    """The methods of round ``r``: rotated by ``r`` so that no method always runs
+    first or last on a machine whose speed drifts; ``agentspec-pushed`` stays
+    right after ``agentspec`` (it gets that warm-up's shards)."""
+    base = [m for m in methods if m != "agentspec-pushed"]
+    if not base:
+        return list(methods)
+    k = r % len(base)
+    out = base[k:] + base[:k]
+    if "agentspec-pushed" in methods:
+        out.insert(out.index("agentspec") + 1, "agentspec-pushed")
+    return out
+
+
+def merge_results(rounds: list[Result]) -> Result:
+    """One method and level over several rounds: counts summed, every request's
+    TPOT pooled, and each round's TPOT kept in ``round_tpots``."""
+    if not rounds:
+        raise ValueError("no results to merge")
+    first = rounds[0]
+    if any((r.method, r.concurrency) != (first.method, first.concurrency) for r in rounds):
+        raise ValueError("merging results of different methods or levels")
+    out = Result(first.method, first.concurrency)
+    for r in rounds:
+        out.requests += r.requests
+        out.tokens += r.tokens
+        out.accepted += r.accepted
+        out.drafts += r.drafts
+        out.drafted += r.drafted
+        out.steps += r.steps
+        out.wall += r.wall
+        out.tpots += r.tpots
+        out.errors += r.errors
+        out.round_tpots.append(r.tpot_ms)
+    return out
 
 
 def load_prompts(path: Path, max_chars: int) -> list[list[Prompt]]:
@@ -484,6 +533,23 @@ def report(results: list[Result]) -> None:
     )
 
 
+def report_rounds(results: list[Result]) -> None:
+    """Each round's TPOT per method and level, their median, and at each level the
+    method with the lowest median."""
+    levels = sorted({r.concurrency for r in results})
+    print("\nTPOT ms per round (median of rounds in brackets; * lowest median at that level)")
+    best = {
+        c: min((r for r in results if r.concurrency == c), key=lambda r: r.tpot_round_median_ms)
+        for c in levels
+    }
+    for r in results:
+        rounds = " ".join(f"{t:6.1f}" for t in r.round_tpots)
+        mark = "*" if best[r.concurrency] is r else " "
+        print(
+            f"{r.method:17s} c={r.concurrency:<3d} {rounds}  [{r.tpot_round_median_ms:6.1f}]{mark}"
+        )
+
+
 def has_arctic(python: str) -> bool:
     code = (
         "import importlib.util, sys; sys.exit(importlib.util.find_spec('arctic_inference') is None)"
@@ -607,6 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="agentspec methods: learn responses while generated (default: the proposer's)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every method this many times, in rotated order, on the same prompts; "
+        "the tables pool the rounds and list each round's TPOT (default 1)",
+    )
     p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
     return p
@@ -624,6 +697,8 @@ def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
         args.gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
     if not 0 < args.gpu_memory_utilization <= 1:
         p.error(f"--gpu-memory-utilization must be in (0, 1], not {args.gpu_memory_utilization}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, not {args.rounds}")
     if args.max_num_seqs < 1:
         p.error(f"--max-num-seqs must be at least 1, not {args.max_num_seqs}")
     if args.model is not None and not args.model.is_dir():
@@ -679,13 +754,24 @@ def main(argv: list[str] | None = None) -> int:
         f"trace {args.trace.name}: {len(warm)} warm-up requests, {args.requests} measured per "
         f"level {levels}, max_tokens {args.max_tokens}, k={args.k}; logs in {args.log_dir}"
     )
-    results: list[Result] = []
-    shards: dict[ShardKey, bytes] = {}
-    for method in methods:
-        t0 = time.monotonic()
-        results += bench_method(method, args, cfg, warm, evals, shards)
-        print(f"  ({method}: {time.monotonic() - t0:.0f} s with server start)", flush=True)
+    per_round: list[Result] = []
+    for r in range(args.rounds):
+        order = round_order(methods, r)
+        if args.rounds > 1:
+            print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", flush=True)
+        shards: dict[ShardKey, bytes] = {}
+        for method in order:
+            t0 = time.monotonic()
+            per_round += bench_method(method, args, cfg, warm, evals, shards)
+            print(f"  ({method}: {time.monotonic() - t0:.0f} s with server start)", flush=True)
+    results = [
+        merge_results([x for x in per_round if (x.method, x.concurrency) == (m, c)])
+        for m in methods
+        for c in levels
+    ]
     report(results)
+    if args.rounds > 1:
+        report_rounds(results)
     if args.json:
         print(
             json.dumps(
@@ -703,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tpot_ms": r.tpot_ms,
                         "throughput": r.throughput,
                         "errors": r.errors,
+                        "round_tpot_ms": r.round_tpots,
                     }
                     for r in results
                 ]

@@ -182,6 +182,7 @@ def test_parse_cpu_defaults_are_unchanged() -> None:
         (["--gpu-memory-utilization", "0.5"], "applies to --device cuda only"),
         (["--device", "cuda", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
         (["--max-num-seqs", "0"], "must be at least 1"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
         (["--model", "/no/such/model/folder"], "not a folder"),
     ],
 )
@@ -290,3 +291,37 @@ def test_tok_per_step_uses_client_steps_not_credited_overshoot() -> None:
     assert r.drafted_per_step == 6.0
     r.steps = 0  # a server that streams no token ids: fall back to the counters
     assert r.tok_per_step == 10.0
+
+
+def test_round_order_rotates_and_keeps_pushed_after_agentspec() -> None:
+    bench = _load_bench()
+    methods = ["none", "suffix", "agentspec", "agentspec-pushed"]
+    orders = [bench.round_order(methods, r) for r in range(4)]
+    assert orders[0] == methods
+    assert orders[1] == ["suffix", "agentspec", "agentspec-pushed", "none"]
+    assert orders[2] == ["agentspec", "agentspec-pushed", "none", "suffix"]
+    assert orders[3] == orders[0]
+    for order in orders:  # every method once, and the pushed one right after its source
+        assert sorted(order) == sorted(methods)
+        assert order.index("agentspec-pushed") == order.index("agentspec") + 1
+    # each method leads one of the three rounds
+    assert {o[0] for o in orders[:3]} == {"none", "suffix", "agentspec"}
+
+
+def test_merge_results_pools_counts_and_keeps_round_tpots() -> None:
+    bench = _load_bench()
+    a = bench.Result("suffix", 8, requests=2, tokens=100, steps=40, tpots=[0.010, 0.030])
+    b = bench.Result("suffix", 8, requests=2, tokens=60, steps=20, tpots=[0.050, 0.070])
+    c = bench.Result("suffix", 8, requests=1, tokens=10, steps=5, tpots=[0.040], errors=1)
+    m = bench.merge_results([a, b, c])
+    assert (m.requests, m.tokens, m.steps, m.errors) == (5, 170, 65, 1)
+    assert m.tok_per_step == 170 / 65
+    assert m.tpot_ms == 40.0  # the median request over all rounds
+    assert m.round_tpots == pytest.approx([20.0, 60.0, 40.0])
+    assert m.tpot_round_median_ms == pytest.approx(40.0)
+    assert a.round_tpots == []  # the inputs are untouched
+    assert a.tpot_round_median_ms == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="different methods"):
+        bench.merge_results([a, bench.Result("agentspec", 8)])
+    with pytest.raises(ValueError, match="no results"):
+        bench.merge_results([])
