@@ -20,7 +20,9 @@
  * re-walk per p.  Points name a node plus its generation; a node that was
  * freed since (eviction, merge) fails the generation check and the state is
  * rebuilt from the last max_depth tokens.  A split above a point's node is
- * repaired by climbing to the ancestor whose edge holds the point.  If the
+ * repaired by climbing to the ancestor whose edge holds the point.  Points
+ * are checked only when the tree's epoch moved since the last sync (while a
+ * request decodes, its shards are mostly unchanged).  If the
  * tree grew since the last sync, patterns longer than gm may now occur;
  * they are tried by root walks until the first miss.
  */
@@ -36,7 +38,8 @@ typedef struct gpoint {
 /* Incremental match state against one global tree. */
 typedef struct gstate {
     uint64_t uid;  /* tree instance (0: slot unused) */
-    uint64_t grow; /* tree's grow_epoch at the last sync */
+    uint64_t grow;  /* tree's grow_epoch at the last sync */
+    uint64_t epoch; /* tree's epoch at the last sync: unchanged means no point moved */
     uint64_t pos;  /* context length at the last sync */
     uint64_t used; /* last use, for LRU replacement */
     uint32_t m;    /* patterns 1..m occur */
@@ -219,7 +222,8 @@ static int gstate_for(as_cursor *c, const as_tree *t, gstate **out) {
 static void gsync(as_cursor *c, gstate *g, const as_tree *t) {
     uint32_t pmax = (t->max_depth < c->max_depth ? t->max_depth : c->max_depth) - 1;
     int full = g->uid != t->uid || g->pos > c->len || c->len - g->pos > pmax;
-    for (uint32_t p = 1; !full && p <= g->m; p++)
+    /* an unmodified tree (same epoch) cannot have freed or split a node */
+    for (uint32_t p = 1; !full && g->epoch != t->epoch && p <= g->m; p++)
         if (!gpoint_fix(t, &g->loc[p])) full = 1;
     if (full) {
         /* from scratch: one root walk per pattern length, O(m^2) for the
@@ -233,6 +237,7 @@ static void gsync(as_cursor *c, gstate *g, const as_tree *t) {
     }
     g->uid = t->uid;
     g->grow = t->grow_epoch;
+    g->epoch = t->epoch;
     g->pos = c->len;
 }
 
@@ -280,14 +285,8 @@ int as_draft_multi(as_cursor *c, const as_tree *const *globals, size_t n_globals
         point *pts = pts_buffer(c, cand.n);
         if (pts == NULL) return AS_ERR_NOMEM;
         uint32_t si = tree_seq_index(c->local, LOCAL_SEQ);
-        uint32_t m = 0;
-        for (uint32_t p = 1; p < c->max_depth && p <= c->len; p++) {
-            uint32_t e = tree_open_endpoint(c->local, si, p);
-            if (e == NIL) break;
-            pts[p].node = e;
-            pts[p].x = p;
-            m = p;
-        }
+        uint32_t pmax = c->len < c->max_depth - 1 ? (uint32_t)c->len : c->max_depth - 1;
+        uint32_t m = tree_open_points(c->local, si, pmax, pts);
         uint32_t k = cand.n++;
         cand.tree[k] = c->local;
         cand.pts[k] = pts;

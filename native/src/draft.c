@@ -55,7 +55,6 @@ int draft_params_check(const as_draft_params *p) {
 void scratch_free(scratch *s) {
     as_xfree(s->acct, s->conts, sizeof(cont) * (size_t)s->conts_cap);
     as_xfree(s->acct, s->heap, sizeof(heap_ent) * (size_t)s->heap_cap);
-    as_xfree(s->acct, s->order, sizeof(cand_p) * (size_t)s->order_cap);
     for (int i = 0; i < 2; i++) {
         as_xfree(s->acct, s->tok[i], sizeof(int32_t) * (size_t)s->cap);
         as_xfree(s->acct, s->par[i], sizeof(int32_t) * (size_t)s->cap);
@@ -370,10 +369,12 @@ static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t p
 
 /* ---------- choosing --------------------------------------------------- */
 
+/* floor(alpha * p + offset), at most max_spec_tokens, 0 when below 1 (or NaN);
+ * the cast truncates, which is floor for the values that reach it. */
 static uint32_t budget_for(const as_draft_params *prm, uint32_t p) {
-    double b = floor(prm->alpha * (double)p + prm->offset + 1e-6);
-    if (!(b > 0.0)) return 0;
-    if (b > (double)prm->max_spec_tokens) return prm->max_spec_tokens;
+    double b = prm->alpha * (double)p + prm->offset + 1e-6;
+    if (!(b >= 1.0)) return 0;
+    if (b >= (double)prm->max_spec_tokens) return prm->max_spec_tokens;
     return (uint32_t)b;
 }
 
@@ -392,13 +393,78 @@ static int wins(const best_t *best, int side, uint32_t p, double score) {
     return score == best->g.score && best->side == side && p > best->p;
 }
 
+/* Pattern lengths in the order `search` tries them: bound desc, then p desc,
+ * with bound(p) = min(budget(p), dcap - p).  The budget never shrinks as p
+ * grows while the room shrinks by one per step, so below a threshold q every
+ * length is budget-bound (bounds non-decreasing in p: walked from q - 1 down)
+ * and from q on room-bound (bounds decreasing in p: walked from q up).
+ * Merging the two runs gives the next length in O(1), so a search that stops
+ * early never looks at the other lengths. */
+typedef struct porder {
+    const as_draft_params *prm;
+    uint32_t dcap, pmin, pmax;
+    uint32_t up;       /* next room-bound length (> pmax: run done) */
+    int64_t down;      /* next budget-bound length (< pmin: run done) */
+    uint32_t down_b;   /* its budget */
+} porder;
+
+static void porder_down(porder *o, int64_t down) {
+    o->down = down;
+    o->down_b = down >= (int64_t)o->pmin ? budget_for(o->prm, (uint32_t)down) : 0;
+}
+
+static void porder_init(porder *o, const as_draft_params *prm, uint32_t dcap, uint32_t pmin,
+                        uint32_t pmax) {
+    o->prm = prm;
+    o->dcap = dcap;
+    o->pmin = pmin;
+    o->pmax = pmax;
+    uint32_t lo = pmin, hi = pmax + 1; /* q: first p with dcap - p <= budget(p) */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (dcap - mid <= budget_for(prm, mid)) hi = mid;
+        else lo = mid + 1;
+    }
+    o->up = lo;
+    porder_down(o, (int64_t)lo - 1);
+}
+
+static int porder_next(porder *o, uint32_t *p, uint32_t *bound) {
+    int has_down = o->down >= (int64_t)o->pmin, has_up = o->up <= o->pmax;
+    if (!has_down && !has_up) return 0;
+    uint32_t bu = has_up ? o->dcap - o->up : 0;
+    if (has_up && (!has_down || bu >= o->down_b)) { /* equal bounds: the longer first */
+        *p = o->up++;
+        *bound = bu;
+    } else {
+        *p = (uint32_t)o->down;
+        *bound = o->down_b;
+        porder_down(o, o->down - 1);
+    }
+    return 1;
+}
+
+/* The points of pattern length p in the sides in `mask`; 0 if none of them
+ * has a continuation. */
+static int merged_point(const candidates *cand, uint32_t mask, uint32_t p, mpoint *mp) {
+    int any = 0;
+    memset(mp, 0, sizeof *mp);
+    for (int s = 0; s < (int)cand->n; s++) {
+        if (!(mask & (1u << s)) || p > cand->plen_max[s]) continue;
+        mp->has[s] = 1;
+        mp->p[s] = cand->pts[s][p];
+        any = any || point_has_next(cand->tree[s], mp->p[s]);
+    }
+    return any;
+}
+
 /* Try the candidate patterns of the sides in `mask` (merged when several),
  * most promising bound first (bound = the most a draft for p can score),
  * and stop once no remaining bound can displace the best draft.  Within a
  * tree a longer pattern wins a tie; a draft from another tree must score
  * strictly more.  `side` names this search for tie-breaking. */
 static int search(scratch *sc, const candidates *cand, const as_draft_params *prm, uint32_t mask,
-                  int side, uint32_t source, uint32_t gindex, cand_p *order, best_t *best) {
+                  int side, uint32_t source, uint32_t gindex, best_t *best) {
     int nsides = 0, only = -1;
     uint32_t pmax = 0, dcap = UINT32_MAX;
     for (int s = 0; s < (int)cand->n; s++) {
@@ -412,51 +478,30 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
     if (prm->max_pattern != 0 && prm->max_pattern < pmax) pmax = prm->max_pattern;
     if (pmax >= dcap) pmax = dcap - 1;
     uint32_t pmin = prm->min_pattern > 1 ? prm->min_pattern : 1;
-    uint32_t nc = 0;
-    for (uint32_t p = pmin; p <= pmax; p++) {
-        int any = 0;
-        for (int s = 0; s < (int)cand->n && !any; s++)
-            any = (mask & (1u << s)) && p <= cand->plen_max[s] &&
-                  point_has_next(cand->tree[s], cand->pts[s][p]);
-        if (!any) continue;
-        uint32_t b = budget_for(prm, p), room = dcap - p;
-        cand_p cp = {p, b < room ? b : room};
-        if (cp.bound == 0) continue;
-        uint32_t j = nc++; /* insertion sort: bound desc, then p desc */
-        while (j > 0 && (order[j - 1].bound < cp.bound ||
-                         (order[j - 1].bound == cp.bound && order[j - 1].p < cp.p))) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = cp;
-    }
     int tree_mode = (prm->flags & AS_DRAFT_TREE) != 0;
-    for (uint32_t i = 0; i < nc; i++) {
-        uint32_t p = order[i].p;
-        if (!wins(best, side, p, (double)order[i].bound)) {
-            if ((double)order[i].bound < best->g.score) break;
+    porder o;
+    porder_init(&o, prm, dcap, pmin, pmax);
+    uint32_t p, bound;
+    while (porder_next(&o, &p, &bound)) {
+        if (bound == 0) break; /* every later bound is 0 too */
+        if (!wins(best, side, p, (double)bound)) {
+            if ((double)bound < best->g.score) break;
             continue;
-        }
-        mpoint mp;
-        memset(&mp, 0, sizeof mp);
-        for (int s = 0; s < (int)cand->n; s++) {
-            if (!(mask & (1u << s)) || p > cand->plen_max[s]) continue;
-            mp.has[s] = 1;
-            mp.p[s] = cand->pts[s][p];
         }
         uint32_t b = budget_for(prm, p);
         int buf = 1 - best->buf;
         grown g;
         int rc = AS_OK;
-        if (tree_mode) {
-            rc = tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
-        } else if (nsides == 1) {
-            g = linear_one(cand->tree[only], mp.p[only], b, prm->min_token_prob, sc->tok[buf],
-                           sc->par[buf], sc->prob[buf]);
+        if (nsides == 1 && !tree_mode) { /* the common case; stops at once if nothing follows */
+            g = linear_one(cand->tree[only], cand->pts[only][p], b, prm->min_token_prob,
+                           sc->tok[buf], sc->par[buf], sc->prob[buf]);
         } else {
-            rc = linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+            mpoint mp;
+            if (!merged_point(cand, mask, p, &mp)) continue;
+            if (tree_mode) rc = tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+            else rc = linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+            if (rc != AS_OK) return rc;
         }
-        if (rc != AS_OK) return rc;
         if (g.n > 0 && wins(best, side, p, g.score)) {
             best->buf = buf;
             best->g = g;
@@ -472,23 +517,18 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
 int draft_select(scratch *sc, const candidates *cand, const as_draft_params *prm, as_draft_out *out) {
     int rc = scratch_drafts(sc, prm->max_spec_tokens);
     if (rc != AS_OK) return rc;
-    uint32_t dmax = 0;
-    for (uint32_t s = 0; s < cand->n; s++)
-        if (cand->tree[s]->max_depth > dmax) dmax = cand->tree[s]->max_depth;
-    rc = grow(sc->acct, (void **)&sc->order, &sc->order_cap, dmax + 1, sizeof(cand_p));
-    if (rc != AS_OK) return rc;
     best_t best;
     memset(&best, 0, sizeof best);
     best.side = -1;
     if ((prm->flags & AS_DRAFT_MERGE) && cand->n > 1) {
-        rc = search(sc, cand, prm, (1u << cand->n) - 1, 0, 3, 0, sc->order, &best);
+        rc = search(sc, cand, prm, (1u << cand->n) - 1, 0, 3, 0, &best);
     } else {
         /* the per-request tree first (it wins ties), then globals in order */
         for (int pass = 0; pass < 2 && rc == AS_OK; pass++)
             for (uint32_t s = 0; s < cand->n && rc == AS_OK; s++)
                 if ((cand->source[s] == 2) == (pass == 0))
                     rc = search(sc, cand, prm, 1u << s, (int)s, cand->source[s], cand->gindex[s],
-                                sc->order, &best);
+                                &best);
     }
     if (rc != AS_OK) return rc;
     out->global_index = 0;

@@ -32,10 +32,6 @@ typedef struct heap_ent {
     mpoint pt;
 } heap_ent;
 
-typedef struct cand_p {
-    uint32_t p, bound;
-} cand_p;
-
 /* Growable scratch owned by a cursor (or by one as_draft_context call). */
 typedef struct scratch {
     uint64_t *acct;
@@ -43,8 +39,6 @@ typedef struct scratch {
     uint32_t conts_cap;
     heap_ent *heap;
     uint32_t heap_cap;
-    cand_p *order; /* candidate patterns sorted by bound */
-    uint32_t order_cap;
     int32_t *tok[2];
     int32_t *par[2];
     float *prob[2];

@@ -397,10 +397,22 @@ static void seq_close(as_tree *t, uint32_t si) {
     }
 }
 
-uint32_t tree_open_endpoint(const as_tree *t, uint32_t si, uint32_t len) {
+uint32_t tree_open_points(const as_tree *t, uint32_t si, uint32_t pmax, point *pts) {
     const seqrec *s = &t->seqs[si];
-    if (!s->open || len == 0 || len >= t->max_depth || len > s->len) return NIL;
-    return s->ring[(s->len - len) % t->max_depth];
+    if (!s->open || s->len == 0) return 0;
+    uint32_t d = t->max_depth;
+    if (pmax > d - 1) pmax = d - 1;
+    if (pmax > s->len) pmax = s->len;
+    uint32_t r = (s->len - 1) % d, m = 0; /* ring slot of the window of length 1 */
+    for (uint32_t len = 1; len <= pmax; len++) {
+        uint32_t e = s->ring[r];
+        if (e == NIL) break;
+        pts[len].node = e;
+        pts[len].x = len;
+        m = len;
+        r = r == 0 ? d - 1 : r - 1;
+    }
+    return m;
 }
 
 /* ---------- append --------------------------------------------------- */

@@ -186,9 +186,10 @@ static inline int point_has_next(const as_tree *t, point p) {
     return p.x < ndepth(t, n) || nchild(n) > 0;
 }
 
-/* Endpoint node of the open sequence's window of length len (1..max_depth-1),
- * i.e. the point where its last `len` tokens end; NIL if not available. */
-uint32_t tree_open_endpoint(const as_tree *t, uint32_t seq_index, uint32_t len);
+/* The points of the open sequence's last 1..pmax tokens (pmax capped at
+ * max_depth - 1 and the sequence's length) into pts[1..m], for the longest
+ * run of lengths that have an endpoint; returns m (0: closed or empty). */
+uint32_t tree_open_points(const as_tree *t, uint32_t seq_index, uint32_t pmax, point *pts);
 
 /* AS_OK if every token id is valid (>= 0), else AS_ERR_INVALID_TOKEN. */
 static inline int tokens_valid(const int32_t *tokens, size_t n) {
