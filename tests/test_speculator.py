@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec import DraftParams, Speculator
-from agentspec.exceptions import InvalidArgumentError
+from agentspec import DraftParams, Speculator, SuffixTree
+from agentspec.exceptions import InvalidArgumentError, TreeClosedError
 
 SQL = [11, 12, 13, 14, 15, 16]
 JSON = [21, 22, 23, 24, 25, 26]
@@ -255,6 +255,24 @@ def test_draft_while_a_shard_is_written_raises_and_leaves_no_reader() -> None:
                 busy._wlock.release()
             assert not stage._readers
             assert not pipe._readers
+        assert spec.draft("r", PARAMS) == before
+
+
+def test_draft_with_a_closed_extra_tree_raises_and_leaves_no_reader() -> None:
+    """A closed tree among ``extra_trees`` raises TreeClosedError; the trees before it
+    are left with no reader registered."""
+    with Speculator(16, cold_tokens=0) as spec:
+        run(spec, 1, [1, 2], SQL, "SQL")
+        spec.start_request("r", [5, *SQL[:2]], stage="SQL", pipeline="p")
+        before = spec.draft("r", PARAMS)
+        closed = SuffixTree(16)
+        closed.close()
+        with pytest.raises(TreeClosedError):
+            spec.draft("r", PARAMS, extra_trees=[closed])
+        shards = list(spec.shards().values())
+        assert shards
+        for tree in shards:
+            assert not tree._readers
         assert spec.draft("r", PARAMS) == before
 
 
