@@ -28,9 +28,6 @@ DraftResult = tuple[list[int], list[int], list[float], float, int, int]
 
 _UINT32_MAX = 2**32 - 1
 
-#: The error a reader gets while another thread modifies a SuffixTree.
-_TREE_BUSY = "concurrent modification: another thread is modifying this SuffixTree"
-
 
 def check_max_depth(max_depth: object) -> int:
     """Validate a tree/cursor depth: an int in [2, AS_MAX_DEPTH_LIMIT]."""
@@ -423,19 +420,13 @@ class Cursor:
             h = self._h
             if h is None:
                 raise TreeClosedError("the cursor is closed")
-            for tree in trees:  # tree._read_begin() inlined (the per-step path), same order
-                tree._readers.append(None)
+            for tree in trees:
+                handles[begun] = tree._read_begin()
                 begun += 1
-                if tree._wlock.locked():
-                    raise RuntimeError(_TREE_BUSY)
-                th = tree._h
-                if th is None:
-                    raise TreeClosedError("the tree is closed")
-                handles[begun - 1] = th
             bufs = self._bufs
             if bufs is None or bufs.cap < params.max_spec_tokens:
                 bufs = self._buffers(params.max_spec_tokens)
-            row = _lowlevel.draft_multi(h, handles, begun, params._c, bufs, not params.tree)
+            row = _lowlevel.draft_multi(h, handles, begun, params._c, bufs)
             return make_draft(row), row[6]
         finally:
             for i in range(begun):

@@ -468,13 +468,11 @@ MAX_GLOBALS: int = lib.AS_MAX_GLOBALS
 
 
 def draft_multi(
-    cur: CData, globals_: CData, n: int, params: CData, bufs: DraftBuffers, chain: bool = False
+    cur: CData, globals_: CData, n: int, params: CData, bufs: DraftBuffers
 ) -> tuple[list[int], list[int], list[float], float, int, int, int]:
     """Draft from a cursor and ``n`` global trees (an ``as_tree *[]``); returns
     ``(tokens, parents, probs, score, match_len, source, global_index)``, the
-    global index naming the tree the draft came from (0 when none).  With
-    ``chain`` (params without the tree flag: the draft is a chain) the parents
-    ``[-1, 0, 1, ...]`` are sliced from a prepared list instead of copied."""
+    global index naming the tree the draft came from (0 when none)."""
     out = bufs.out
     st = lib.as_draft_multi(cur, globals_, n, params, out)
     if st:
@@ -482,7 +480,7 @@ def draft_multi(
     k = out.n
     return (
         _unpack(bufs.tokens, k),
-        _CHAIN[:k] if chain else _unpack(bufs.parents, k),
+        _unpack(bufs.parents, k),
         _unpack(bufs.probs, k),
         out.score,
         out.match_len,
@@ -492,7 +490,6 @@ def draft_multi(
 
 
 _unpack = ffi.unpack
-_CHAIN = list(range(-1, MAX_SPEC_LIMIT - 1))  # a chain's parents
 
 
 def new_tree_array(n: int) -> CData:

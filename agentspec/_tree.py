@@ -11,7 +11,6 @@ from typing import Any
 
 from agentspec import _lowlevel
 from agentspec._draft import (
-    _TREE_BUSY,
     Draft,
     DraftParams,
     check_max_depth,
@@ -74,7 +73,7 @@ def _id_list(ids: Iterable[Any], what: str) -> list[int]:
     return [check_seq_id(i) for i in ids]
 
 
-_BUSY = _TREE_BUSY
+_BUSY = "concurrent modification: another thread is modifying this SuffixTree"
 _READING = "concurrent modification: other threads are reading this SuffixTree"
 
 
