@@ -239,7 +239,7 @@ typedef struct as_draft_params {
     uint32_t max_pattern;     /* longest pattern tried; 0 = max_depth-1 */
     uint32_t min_pattern;     /* shortest pattern tried; 0 = 1 */
     uint32_t flags;           /* AS_DRAFT_* */
-    double alpha;             /* max_spec_factor: draft <= alpha*p + offset */
+    double alpha;             /* max_spec_factor (>= 0): draft <= alpha*p + offset */
     double offset;            /* max_spec_offset */
     double min_token_prob;    /* drop tokens with D below this */
     double min_score;         /* drafts scoring below this are returned empty */

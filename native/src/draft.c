@@ -45,6 +45,7 @@ int draft_params_check(const as_draft_params *p) {
     if (p == NULL) return AS_ERR_INVALID_ARG;
     if (p->max_spec_tokens < 1 || p->max_spec_tokens > AS_MAX_SPEC_LIMIT) return AS_ERR_INVALID_ARG;
     if (!isfinite(p->alpha) || !isfinite(p->offset) || !isfinite(p->min_score)) return AS_ERR_INVALID_ARG;
+    if (p->alpha < 0.0) return AS_ERR_INVALID_ARG; /* budgets must not shrink as p grows */
     if (!(p->min_token_prob >= 0.0 && p->min_token_prob <= 1.0)) return AS_ERR_INVALID_ARG;
     if (p->flags & ~(uint32_t)(AS_DRAFT_TREE | AS_DRAFT_MERGE | AS_DRAFT_NO_LOCAL | AS_DRAFT_NO_GLOBAL))
         return AS_ERR_INVALID_ARG;

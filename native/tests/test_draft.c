@@ -568,6 +568,8 @@ static void test_bad_params(void) {
     o->cap = 32;
     p.alpha = NAN;
     CHECK_STATUS(as_draft_context(g, NULL, ctx, 2, &p, o), AS_ERR_INVALID_ARG);
+    p.alpha = -0.5; /* budgets would shrink as the pattern grows */
+    CHECK_STATUS(as_draft_context(g, NULL, ctx, 2, &p, o), AS_ERR_INVALID_ARG);
     p = params_default();
     p.min_token_prob = NAN;
     CHECK_STATUS(as_draft_context(g, NULL, ctx, 2, &p, o), AS_ERR_INVALID_ARG);
