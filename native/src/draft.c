@@ -24,6 +24,9 @@
  * wins ties; between trees the per-request tree wins ties.  In merged mode
  * both trees are walked together and counts are added per token, which is
  * the same as drafting from one tree holding both trees' sequences.
+ * Linear drafts from one tree (the default) take a shortcut with the same
+ * result: lengths whose match points have equal counts share one walk
+ * (see search_runs).
  */
 #include <math.h>
 #include <string.h>
@@ -61,6 +64,7 @@ void scratch_free(scratch *s) {
         as_xfree(s->acct, s->par[i], sizeof(int32_t) * (size_t)s->cap);
         as_xfree(s->acct, s->prob[i], sizeof(float) * (size_t)s->cap);
     }
+    if (s->sum) as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
     uint64_t *acct = s->acct;
     memset(s, 0, sizeof *s);
     s->acct = acct;
@@ -82,13 +86,15 @@ static int grow(uint64_t *acct, void **buf, uint32_t *cap, uint32_t need, size_t
 
 static int scratch_drafts(scratch *s, uint32_t need) {
     if (need <= s->cap) return AS_OK;
-    void *fresh[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    size_t sizes[6] = {sizeof(int32_t), sizeof(int32_t), sizeof(float),
-                       sizeof(int32_t), sizeof(int32_t), sizeof(float)};
-    for (int i = 0; i < 6; i++) {
-        fresh[i] = as_xmalloc(s->acct, sizes[i] * need);
+    enum { NBUF = 7 };
+    void *fresh[NBUF] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t sizes[NBUF] = {sizeof(int32_t) * need, sizeof(int32_t) * need, sizeof(float) * need,
+                          sizeof(int32_t) * need, sizeof(int32_t) * need, sizeof(float) * need,
+                          sizeof(double) * ((size_t)need + 1)};
+    for (int i = 0; i < NBUF; i++) {
+        fresh[i] = as_xmalloc(s->acct, sizes[i]);
         if (fresh[i] == NULL) {
-            for (int j = 0; j < i; j++) as_xfree(s->acct, fresh[j], sizes[j] * need);
+            for (int j = 0; j < i; j++) as_xfree(s->acct, fresh[j], sizes[j]);
             return AS_ERR_NOMEM;
         }
     }
@@ -100,6 +106,8 @@ static int scratch_drafts(scratch *s, uint32_t need) {
         s->par[i] = fresh[3 * i + 1];
         s->prob[i] = fresh[3 * i + 2];
     }
+    if (s->sum) as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
+    s->sum = fresh[6];
     s->cap = need;
     return AS_OK;
 }
@@ -459,6 +467,139 @@ static int merged_point(const candidates *cand, uint32_t mask, uint32_t p, mpoin
     return any;
 }
 
+/* One tree, linear drafts, by runs of equal counts.  Counts are occurrence
+ * counts and the pattern of length p + 1 extends that of length p to the
+ * left, so count(p) >= count(p + 1); when they are equal, every occurrence
+ * of the shorter pattern sits inside one of the longer, and below both
+ * points hang the same continuations with the same counts -- the longer
+ * pattern's subtree is only cut sooner by the depth bound (its room
+ * dcap - p is smaller).  So over a run [lo, hi] of lengths with equal
+ * counts, the draft for p is the first n(p) = min(B(p), dcap - p, N) tokens
+ * of one walk from pts[lo], N being where that walk stops by itself (the
+ * probability cut, or no continuation).  One walk scores the whole run, and
+ * its best length is the longest p with the largest n(p): the result equals
+ * trying every length (as `search` does for the other modes), with a walk
+ * per run instead of per length.  Runs are found from the longest pattern
+ * down, by galloping then bisecting over the monotone counts. */
+
+/* bound(p) = min(B(p), dcap - p), at most its budget. */
+static uint32_t run_bound(const as_draft_params *prm, uint32_t dcap, uint32_t p) {
+    uint32_t b = budget_for(prm, p), room = dcap - p;
+    return b < room ? b : room;
+}
+
+/* The largest bound over [lo, hi]: bound(p) rises with p up to q (budget-bound,
+ * the budget never shrinks) and falls from q on (room-bound). */
+static uint32_t run_max_bound(const as_draft_params *prm, uint32_t dcap, uint32_t q, uint32_t lo,
+                              uint32_t hi) {
+    if (hi < q) return run_bound(prm, dcap, hi);
+    if (lo >= q) return run_bound(prm, dcap, lo);
+    uint32_t a = run_bound(prm, dcap, q - 1), b = run_bound(prm, dcap, q);
+    return a > b ? a : b;
+}
+
+static uint32_t pt_count(const as_tree *t, const point *pts, uint32_t p) {
+    return N(t, pts[p].node)->count;
+}
+
+/* Walk at most `cap` tokens from p, keeping the score of every prefix in sc->sum. */
+static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, double min_prob,
+                         int buf) {
+    int32_t *tok = sc->tok[buf], *par = sc->par[buf];
+    float *prob = sc->prob[buf];
+    double *sum = sc->sum;
+    double d = 1.0;
+    uint32_t n = 0;
+    sum[0] = 0.0;
+    while (n < cap) {
+        const node *nd = N(t, p.node);
+        int32_t key;
+        if (p.x < ndepth(t, nd)) {
+            key = label_at(t, nd, p.x);
+            p.x++;
+        } else {
+            uint32_t c = best_child(t, nd, &key);
+            if (c == NIL) break;
+            d = d * ((double)N(t, c)->count / (double)child_total(t, nd));
+            p.node = c;
+            p.x++;
+        }
+        if (d < min_prob) break;
+        tok[n] = key;
+        par[n] = (int32_t)n - 1;
+        prob[n] = (float)d;
+        sum[n + 1] = sum[n] + d;
+        n++;
+    }
+    return n;
+}
+
+static void search_runs(scratch *sc, const as_tree *t, const point *pts, const as_draft_params *prm,
+                        uint32_t pmin, uint32_t pmax, uint32_t dcap, int side, uint32_t source,
+                        uint32_t gindex, best_t *best) {
+    /* q: the first length whose bound is room-bound (as in porder_init) */
+    uint32_t qlo = pmin, qhi = pmax + 1;
+    while (qlo < qhi) {
+        uint32_t mid = qlo + (qhi - qlo) / 2;
+        if (dcap - mid <= budget_for(prm, mid)) qhi = mid;
+        else qlo = mid + 1;
+    }
+    uint32_t q = qlo;
+    uint32_t hi = pmax;
+    while (hi >= pmin) {
+        uint32_t rest = run_max_bound(prm, dcap, q, pmin, hi);
+        if (rest == 0 || !wins(best, side, hi, (double)rest)) return;
+        /* the run [lo, hi] of lengths whose count equals count(hi) */
+        uint32_t c = pt_count(t, pts, hi), lo = hi, step = 1, bad = 0;
+        int found_bad = 0;
+        while (lo > pmin) { /* lo falls by step, which doubles: O(log) probes */
+            uint32_t probe = lo - pmin <= step ? pmin : lo - step;
+            if (pt_count(t, pts, probe) == c) {
+                lo = probe;
+                step *= 2; /* < 2 * max_depth: no overflow */
+            } else {
+                bad = probe;
+                found_bad = 1;
+                break;
+            }
+        }
+        if (found_bad)
+            while (lo - bad > 1) {
+                uint32_t mid = bad + (lo - bad) / 2;
+                if (pt_count(t, pts, mid) == c) lo = mid;
+                else bad = mid;
+            }
+        uint32_t cap = run_max_bound(prm, dcap, q, lo, hi);
+        if (cap > 0 && wins(best, side, hi, (double)cap)) {
+            int buf = 1 - best->buf;
+            uint32_t n = run_walk(sc, t, pts[lo], cap, prm->min_token_prob, buf);
+            /* the longest p whose draft is longest: n(p) = min(bound(p), n) */
+            uint32_t want = n < cap ? n : cap, bp = lo, bn = 0;
+            for (uint32_t p = hi;; p--) {
+                uint32_t m = run_bound(prm, dcap, p);
+                if (m > n) m = n;
+                if (m > bn) {
+                    bn = m;
+                    bp = p;
+                    if (m == want) break;
+                }
+                if (p == lo) break;
+            }
+            if (bn > 0 && wins(best, side, bp, sc->sum[bn])) {
+                best->buf = buf;
+                best->g.n = bn;
+                best->g.score = sc->sum[bn];
+                best->p = bp;
+                best->source = source;
+                best->gindex = gindex;
+                best->side = side;
+            }
+        }
+        if (lo == 0) return;
+        hi = lo - 1;
+    }
+}
+
 /* Try the candidate patterns of the sides in `mask` (merged when several),
  * most promising bound first (bound = the most a draft for p can score),
  * and stop once no remaining bound can displace the best draft.  Within a
@@ -480,6 +621,11 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
     if (pmax >= dcap) pmax = dcap - 1;
     uint32_t pmin = prm->min_pattern > 1 ? prm->min_pattern : 1;
     int tree_mode = (prm->flags & AS_DRAFT_TREE) != 0;
+    if (nsides == 1 && !tree_mode) { /* the common case */
+        search_runs(sc, cand->tree[only], cand->pts[only], prm, pmin, pmax, dcap, side, source, gindex,
+                    best);
+        return AS_OK;
+    }
     porder o;
     porder_init(&o, prm, dcap, pmin, pmax);
     uint32_t p, bound;

@@ -42,6 +42,7 @@ typedef struct scratch {
     int32_t *tok[2];
     int32_t *par[2];
     float *prob[2];
+    double *sum; /* sum[k]: score of the first k tokens of the last run walk */
     uint32_t cap;
 } scratch;
 
