@@ -216,34 +216,6 @@ typedef struct grown {
     double score;
 } grown;
 
-/* Fast linear draft in one tree. */
-static grown linear_one(const as_tree *t, point p, uint32_t budget, double min_prob, int32_t *tok,
-                        int32_t *par, float *prob) {
-    grown g = {0, 0.0};
-    double d = 1.0;
-    while (g.n < budget) {
-        const node *nd = N(t, p.node);
-        int32_t key;
-        if (p.x < ndepth(t, nd)) {
-            key = label_at(t, nd, p.x);
-            p.x++;
-        } else {
-            uint32_t c = best_child(t, nd, &key);
-            if (c == NIL) break;
-            d = d * ((double)N(t, c)->count / (double)child_total(t, nd));
-            p.node = c;
-            p.x++;
-        }
-        if (d < min_prob) break;
-        tok[g.n] = key;
-        par[g.n] = (int32_t)g.n - 1;
-        prob[g.n] = (float)d;
-        g.score += d;
-        g.n++;
-    }
-    return g;
-}
-
 /* Linear draft over a merged point. */
 static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
                          uint32_t budget, double min_prob, int buf, grown *g) {
@@ -422,20 +394,27 @@ static void porder_down(porder *o, int64_t down) {
     o->down_b = down >= (int64_t)o->pmin ? budget_for(o->prm, (uint32_t)down) : 0;
 }
 
+/* q: the first p in [pmin, pmax] whose bound is room-bound (dcap - p <=
+ * budget(p)), pmax + 1 if none. */
+static uint32_t room_bound_from(const as_draft_params *prm, uint32_t dcap, uint32_t pmin,
+                                uint32_t pmax) {
+    uint32_t lo = pmin, hi = pmax + 1;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (dcap - mid <= budget_for(prm, mid)) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 static void porder_init(porder *o, const as_draft_params *prm, uint32_t dcap, uint32_t pmin,
                         uint32_t pmax) {
     o->prm = prm;
     o->dcap = dcap;
     o->pmin = pmin;
     o->pmax = pmax;
-    uint32_t lo = pmin, hi = pmax + 1; /* q: first p with dcap - p <= budget(p) */
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (dcap - mid <= budget_for(prm, mid)) hi = mid;
-        else lo = mid + 1;
-    }
-    o->up = lo;
-    porder_down(o, (int64_t)lo - 1);
+    o->up = room_bound_from(prm, dcap, pmin, pmax);
+    porder_down(o, (int64_t)o->up - 1);
 }
 
 static int porder_next(porder *o, uint32_t *p, uint32_t *bound) {
@@ -537,38 +516,28 @@ static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, d
 static void search_runs(scratch *sc, const as_tree *t, const point *pts, const as_draft_params *prm,
                         uint32_t pmin, uint32_t pmax, uint32_t dcap, int side, uint32_t source,
                         uint32_t gindex, best_t *best) {
-    /* q: the first length whose bound is room-bound (as in porder_init) */
-    uint32_t qlo = pmin, qhi = pmax + 1;
-    while (qlo < qhi) {
-        uint32_t mid = qlo + (qhi - qlo) / 2;
-        if (dcap - mid <= budget_for(prm, mid)) qhi = mid;
-        else qlo = mid + 1;
-    }
-    uint32_t q = qlo;
-    uint32_t hi = pmax;
+    uint32_t q = room_bound_from(prm, dcap, pmin, pmax);
+    uint32_t hi = pmax; /* pmin >= 1, so hi = lo - 1 below never wraps */
     while (hi >= pmin) {
         uint32_t rest = run_max_bound(prm, dcap, q, pmin, hi);
         if (rest == 0 || !wins(best, side, hi, (double)rest)) return;
-        /* the run [lo, hi] of lengths whose count equals count(hi) */
-        uint32_t c = pt_count(t, pts, hi), lo = hi, step = 1, bad = 0;
-        int found_bad = 0;
+        /* the run [lo, hi] of lengths whose count equals count(hi): gallop down
+         * to a length `bad` outside it (pmin - 1 stands for none), then bisect */
+        uint32_t c = pt_count(t, pts, hi), lo = hi, step = 1, bad = pmin - 1;
         while (lo > pmin) { /* lo falls by step, which doubles: O(log) probes */
             uint32_t probe = lo - pmin <= step ? pmin : lo - step;
-            if (pt_count(t, pts, probe) == c) {
-                lo = probe;
-                step *= 2; /* < 2 * max_depth: no overflow */
-            } else {
+            if (pt_count(t, pts, probe) != c) {
                 bad = probe;
-                found_bad = 1;
                 break;
             }
+            lo = probe;
+            step *= 2; /* < 2 * max_depth: no overflow */
         }
-        if (found_bad)
-            while (lo - bad > 1) {
-                uint32_t mid = bad + (lo - bad) / 2;
-                if (pt_count(t, pts, mid) == c) lo = mid;
-                else bad = mid;
-            }
+        while (lo - bad > 1) {
+            uint32_t mid = bad + (lo - bad) / 2;
+            if (pt_count(t, pts, mid) == c) lo = mid;
+            else bad = mid;
+        }
         uint32_t cap = run_max_bound(prm, dcap, q, lo, hi);
         if (cap > 0 && wins(best, side, hi, (double)cap)) {
             int buf = 1 - best->buf;
@@ -595,7 +564,6 @@ static void search_runs(scratch *sc, const as_tree *t, const point *pts, const a
                 best->side = side;
             }
         }
-        if (lo == 0) return;
         hi = lo - 1;
     }
 }
@@ -637,18 +605,12 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
         }
         uint32_t b = budget_for(prm, p);
         int buf = 1 - best->buf;
+        mpoint mp;
+        if (!merged_point(cand, mask, p, &mp)) continue;
         grown g;
-        int rc = AS_OK;
-        if (nsides == 1 && !tree_mode) { /* the common case; stops at once if nothing follows */
-            g = linear_one(cand->tree[only], cand->pts[only][p], b, prm->min_token_prob,
-                           sc->tok[buf], sc->par[buf], sc->prob[buf]);
-        } else {
-            mpoint mp;
-            if (!merged_point(cand, mask, p, &mp)) continue;
-            if (tree_mode) rc = tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
-            else rc = linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
-            if (rc != AS_OK) return rc;
-        }
+        int rc = tree_mode ? tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g)
+                           : linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+        if (rc != AS_OK) return rc;
         if (g.n > 0 && wins(best, side, p, g.score)) {
             best->buf = buf;
             best->g = g;
