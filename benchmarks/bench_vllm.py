@@ -578,9 +578,9 @@ def report(results: list[Result]) -> None:
     )
 
 
-def report_same_outputs(results: list[Result]) -> None:
-    """tok/step per method over the requests whose outputs every method shares."""
-    table = same_output_steps(results)
+def report_same_outputs(table: dict[int, tuple[int, int, dict[str, float]]]) -> None:
+    """Print `same_output_steps`: tok/step per method over the requests whose
+    outputs every method shares."""
     if not table:
         return
     print(
@@ -830,10 +830,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in levels
     ]
     report(results)
-    report_same_outputs(results)
+    same = same_output_steps(results)
+    report_same_outputs(same)
     if args.rounds > 1:
         report_rounds(results)
-    same = same_output_steps(results)
     if args.json:
         print(
             json.dumps(
