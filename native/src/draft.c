@@ -17,10 +17,10 @@
  * B(p) = min(max_spec_tokens, floor(alpha * p + offset + 1e-6)) tokens (the
  * 1e-6 keeps e.g. 0.7 * 10 from flooring to 6).
  *
- * Choosing.  score = sum of D over the draft.  Candidates are tried from
- * the longest pattern down; since a draft of b tokens scores at most b, a
- * pattern whose bound min(B(p), depth room) cannot beat the best score so
- * far is skipped without growing it.  Within a tree the longer pattern
+ * Choosing.  score = sum of D over the draft.  Since a draft of b tokens
+ * scores at most b, candidates are tried in order of their bound
+ * min(B(p), depth room), largest first, and a pattern whose bound cannot
+ * beat the best score so far is skipped without growing it.  Within a tree the longer pattern
  * wins ties; between trees the per-request tree wins ties.  In merged mode
  * both trees are walked together and counts are added per token, which is
  * the same as drafting from one tree holding both trees' sequences.
@@ -64,7 +64,7 @@ void scratch_free(scratch *s) {
         as_xfree(s->acct, s->par[i], sizeof(int32_t) * (size_t)s->cap);
         as_xfree(s->acct, s->prob[i], sizeof(float) * (size_t)s->cap);
     }
-    if (s->sum) as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
+    as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
     uint64_t *acct = s->acct;
     memset(s, 0, sizeof *s);
     s->acct = acct;
@@ -106,7 +106,7 @@ static int scratch_drafts(scratch *s, uint32_t need) {
         s->par[i] = fresh[3 * i + 1];
         s->prob[i] = fresh[3 * i + 2];
     }
-    if (s->sum) as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
+    as_xfree(s->acct, s->sum, sizeof(double) * ((size_t)s->cap + 1));
     s->sum = fresh[6];
     s->cap = need;
     return AS_OK;
