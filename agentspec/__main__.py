@@ -9,6 +9,8 @@ Subcommands:
   greedy verifier for several drafting methods (`agentspec.bench.replay`);
 - ``agentspec bench entropy TRACES...``: the per-stage entropy predictor
   (`agentspec.bench.entropy`);
+- ``agentspec bench budget TRACES...``: MAT against draft budget, methods
+  compared at equal drafted tokens per step (`agentspec.bench.budget`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec.cli_shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
@@ -31,7 +33,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
     from agentspec import cli_demo, cli_push, cli_shards, cli_vllm
-    from agentspec.bench import entropy, replay
+    from agentspec.bench import budget, entropy, replay
 
     parser = argparse.ArgumentParser(
         prog="agentspec",
@@ -68,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     entropy.add_arguments(ep)
     ep.set_defaults(func=entropy.run_cli)
+    bp = bsub.add_parser(
+        "budget",
+        help="MAT against draft budget; methods compared at equal drafted tokens per step",
+        description=(budget.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    budget.add_arguments(bp)
+    bp.set_defaults(func=budget.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
     shards = sub.add_parser(
         "shards",

@@ -6,6 +6,8 @@
   acceptance, timings and memory per file and per stage.
 - `agentspec.bench.entropy`: the fast predictor: the count-weighted entropy of
   the next-token distributions of each stage's responses.
+- `agentspec.bench.budget`: MAT against draft budget (a grid of alpha and min
+  prob per method), methods compared at equal drafted tokens per step.
 - `agentspec.bench.verifier`, `agentspec.bench.ngram`, `agentspec.bench.oracle`:
   the building blocks (greedy acceptance, vLLM's n-gram proposer, the ceiling).
 

@@ -5,7 +5,9 @@ Per trace file:
 - ``<name>-mat-per-stage.png``: MAT per stage (and overall) per method;
 - ``<name>-vs-shard-size.png``: MAT and acceptance rate against the number of
   responses already in the request's stage shard (log-2 buckets), as in the
-  SuffixDecoding paper's corpus-size figure.
+  SuffixDecoding paper's corpus-size figure;
+- ``<name>-budget.png`` (``agentspec bench budget``): MAT against drafted
+  tokens per step, one line per method.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_replay", "pyplot"]
+__all__ = ["plot_budget", "plot_replay", "pyplot"]
 
 
 def pyplot() -> Any:
@@ -100,3 +102,44 @@ def _vs_shard(plt: Any, f: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_budget(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path], str | None]:
+    """Write ``<name>-budget.png`` per file of an ``agentspec bench budget`` run:
+    MAT against drafted tokens per step, one line per method (its budget points).
+
+    Returns the paths written and None, or ``([], reason)`` without matplotlib.
+    """
+    plt = pyplot()
+    if plt is None:
+        return [], "matplotlib is not installed (pip install matplotlib)"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for f in results["files"]:
+        fig, ax = plt.subplots(figsize=(6.5, 4.0))
+        by_method: dict[str, list[dict[str, Any]]] = {}
+        for p in f["points"]:
+            by_method.setdefault(p["method"], []).append(p)
+        for name, pts in by_method.items():
+            pts.sort(key=lambda p: p["drafted_per_step"])
+            style = "--" if name == results["baseline"] else "-"
+            ax.plot(
+                [p["drafted_per_step"] for p in pts],
+                [p["mat"] for p in pts],
+                style,
+                marker="o",
+                markersize=3,
+                label=name,
+            )
+        ax.set_xlabel("drafted tokens per step")
+        ax.set_ylabel("MAT (accepted + bonus per step)")
+        ax.set_title(f"{f['name']}: MAT against draft budget")
+        ax.grid(True, linewidth=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"{f['name']}-budget.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written, None
