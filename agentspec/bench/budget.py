@@ -34,6 +34,7 @@ from agentspec.bench.replay import (
     ORACLE,
     Progress,
     ReplayConfig,
+    _table,
     load_tokenizer,
     load_trace,
     make_method,
@@ -107,7 +108,9 @@ def mat_at(env: Sequence[tuple[float, float]], x: float) -> float | None:
 
 
 def budget_for(env: Sequence[tuple[float, float]], y: float) -> float | None:
-    """The smallest budget at which ``env`` reaches MAT ``y`` (None: it never does)."""
+    """The smallest budget at which ``env`` reaches MAT ``y`` (None: it never
+    does); when the first point already reaches it, that point's budget (an
+    upper bound: nothing below it was measured)."""
     for i, (x1, y1) in enumerate(env):
         if y1 >= y:
             if i == 0:
@@ -249,25 +252,6 @@ def run(
 
 def _f(v: float | None, nd: int) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = [
-        "  ".join(
-            h.rjust(w) if i else h.ljust(w)
-            for i, (h, w) in enumerate(zip(head, widths, strict=True))
-        )
-    ]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append(
-            "  ".join(
-                c.rjust(w) if i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
-    return "\n".join(lines)
 
 
 def render_tables(results: dict[str, Any]) -> str:
