@@ -35,6 +35,7 @@ from agentspec.bench.replay import (
     Progress,
     ReplayConfig,
     _table,
+    check_inputs,
     load_tokenizer,
     load_trace,
     make_method,
@@ -388,11 +389,7 @@ def _floats(name: str, spec: str) -> list[float]:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``agentspec bench budget`` from parsed arguments; return the exit status."""
-    if args.max_sessions is not None and args.max_sessions < 1:
-        raise ValueError(f"--max-sessions must be >= 1, got {args.max_sessions}")
-    for path in args.traces:
-        if not path.is_file():
-            raise FileNotFoundError(f"trace file not found: {path}")
+    check_inputs(args.traces, args.max_sessions)
     methods = parse_methods(args.methods)
     baseline = args.baseline.strip()
     alphas = _floats("--alphas", args.alphas)

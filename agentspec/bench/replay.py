@@ -1201,13 +1201,19 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``agentspec bench replay`` from parsed arguments; return the exit status."""
-    if args.max_sessions is not None and args.max_sessions < 1:
-        raise ValueError(f"--max-sessions must be >= 1, got {args.max_sessions}")
-    for p in [*args.traces, *([args.warmup_from] if args.warmup_from else [])]:
+def check_inputs(paths: Sequence[Path], max_sessions: int | None) -> None:
+    """Raise before any work when a trace file is missing or ``--max-sessions`` < 1."""
+    if max_sessions is not None and max_sessions < 1:
+        raise ValueError(f"--max-sessions must be >= 1, got {max_sessions}")
+    for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"trace file not found: {p}")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``agentspec bench replay`` from parsed arguments; return the exit status."""
+    warm = [args.warmup_from] if args.warmup_from else []
+    check_inputs([*args.traces, *warm], args.max_sessions)
     methods = parse_methods(args.methods)
     cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
     tok = load_tokenizer(args.tokenizer)
