@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,6 +34,7 @@ from agentspec.bench.replay import (
     ReplayConfig,
     _table,
     check_inputs,
+    cli_log,
     load_tokenizer,
     load_trace,
     make_method,
@@ -43,6 +42,7 @@ from agentspec.bench.replay import (
     parse_methods,
     replay,
     summarize_run,
+    write_outputs,
 )
 
 __all__ = [
@@ -396,12 +396,7 @@ def run_cli(args: argparse.Namespace) -> int:
     min_probs = _floats("--min-probs", args.min_probs)
     cfg = ReplayConfig(depth=args.depth, max_spec_tokens=args.max_spec_tokens)
     tok = load_tokenizer(args.tokenizer)
-    err = None if args.quiet else sys.stderr
-
-    def log(msg: str) -> None:
-        if err is not None:
-            print(msg, file=err, flush=True)
-
+    err, log = cli_log(args.quiet)
     results = run(
         args.traces,
         methods=methods,
@@ -415,17 +410,7 @@ def run_cli(args: argparse.Namespace) -> int:
         log=log,
         progress_stream=err,
     )
-    sys.stdout.write(render_tables(results))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-        log(f"wrote {args.json}")
-    if args.plots is not None:
-        from agentspec.bench.plots import plot_budget
+    from agentspec.bench.plots import plot_budget
 
-        written, why = plot_budget(results, args.plots)
-        if why is not None:
-            print(f"plots skipped: {why}", file=sys.stderr)
-        for w in written:
-            log(f"wrote {w}")
+    write_outputs(results, render_tables(results), args.json, args.plots, plot_budget, log)
     return 0

@@ -30,17 +30,35 @@ def pyplot() -> Any:
     return plt
 
 
+_NO_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib)"
+
+
+def _prepare(out_dir: Path | str) -> tuple[Any, Path]:
+    """pyplot (None without matplotlib) and the output directory, created when plotting."""
+    plt = pyplot()
+    out = Path(out_dir)
+    if plt is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    return plt, out
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write and close ``fig``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_replay(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path], str | None]:
     """Write the plots of every file in ``results`` into ``out_dir``.
 
     Returns the paths written and None, or ``([], reason)`` when matplotlib is
     not installed.
     """
-    plt = pyplot()
+    plt, out = _prepare(out_dir)
     if plt is None:
-        return [], "matplotlib is not installed (pip install matplotlib)"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        return [], _NO_MATPLOTLIB
     written: list[Path] = []
     for f in results["files"]:
         written.append(_per_stage(plt, f, out / f"{f['name']}-mat-per-stage.png"))
@@ -68,10 +86,7 @@ def _per_stage(plt: Any, f: dict[str, Any], path: Path) -> Path:
     ax.set_title(f"{f['name']}: MAT per stage")
     ax.axhline(1.0, color="grey", linewidth=0.5)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _vs_shard(plt: Any, f: dict[str, Any], path: Path) -> Path:
@@ -98,10 +113,7 @@ def _vs_shard(plt: Any, f: dict[str, Any], path: Path) -> Path:
     ax1.set_title(f"{f['name']}: MAT vs shard size")
     ax2.set_title("acceptance vs shard size")
     ax1.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_budget(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path], str | None]:
@@ -110,11 +122,9 @@ def plot_budget(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path
 
     Returns the paths written and None, or ``([], reason)`` without matplotlib.
     """
-    plt = pyplot()
+    plt, out = _prepare(out_dir)
     if plt is None:
-        return [], "matplotlib is not installed (pip install matplotlib)"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        return [], _NO_MATPLOTLIB
     written: list[Path] = []
     for f in results["files"]:
         fig, ax = plt.subplots(figsize=(6.5, 4.0))
@@ -137,9 +147,5 @@ def plot_budget(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path
         ax.set_title(f"{f['name']}: MAT against draft budget")
         ax.grid(True, linewidth=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"{f['name']}-budget.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out / f"{f['name']}-budget.png"))
     return written, None

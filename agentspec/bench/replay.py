@@ -1217,12 +1217,7 @@ def run_cli(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
     tok = load_tokenizer(args.tokenizer)
-    err = None if args.quiet else sys.stderr
-
-    def log(msg: str) -> None:
-        if err is not None:
-            print(msg, file=err, flush=True)
-
+    err, log = cli_log(args.quiet)
     results = run(
         args.traces,
         cfg=cfg,
@@ -1234,17 +1229,40 @@ def run_cli(args: argparse.Namespace) -> int:
         progress_stream=err,
     )
     results["command"] = getattr(args, "argv", None)
-    sys.stdout.write(render_tables(results))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
-        log(f"wrote {args.json}")
-    if args.plots is not None:
-        from agentspec.bench.plots import plot_replay
+    from agentspec.bench.plots import plot_replay
 
-        written, why = plot_replay(results, args.plots)
+    write_outputs(results, render_tables(results), args.json, args.plots, plot_replay, log)
+    return 0
+
+
+def cli_log(quiet: bool) -> tuple[TextIO | None, Callable[[str], None]]:
+    """The progress stream (stderr, or None when ``quiet``) and a logger writing to it."""
+    err = None if quiet else sys.stderr
+
+    def log(msg: str) -> None:
+        if err is not None:
+            print(msg, file=err, flush=True)
+
+    return err, log
+
+
+def write_outputs(
+    results: dict[str, Any],
+    table: str,
+    json_path: Path | None,
+    plots_dir: Path | None,
+    plot: Callable[[dict[str, Any], Path], tuple[list[Path], str | None]],
+    log: Callable[[str], None],
+) -> None:
+    """Print ``table``; write ``results`` as JSON and ``plot`` them when asked."""
+    sys.stdout.write(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
+        log(f"wrote {json_path}")
+    if plots_dir is not None:
+        written, why = plot(results, plots_dir)
         if why is not None:
             print(f"plots skipped: {why}", file=sys.stderr)
         for w in written:
             log(f"wrote {w}")
-    return 0
