@@ -56,7 +56,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 try:
-    __version__: str = _metadata.version("agentspec")
+    __version__: str = _metadata.version("agentspec-suffix")
 except _metadata.PackageNotFoundError:  # running from a source tree without install
     __version__ = "0.0.0+unknown"
 

@@ -897,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "skipped": {b: status[b] for b in wanted if status[b] is not None},
             "versions": {
                 "arctic-inference": _version("arctic-inference"),
-                "agentspec": _version("agentspec"),
+                "agentspec": _version("agentspec-suffix"),
                 "numpy": np.__version__,
                 "python": platform.python_version(),
             },

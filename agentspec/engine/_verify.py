@@ -25,6 +25,10 @@ keys were computed at its true position with exactly its true context)
 and costs one gather of m columns per layer, not a second forward pass
 over the accepted tokens (the alternative: crop to the prefix and re-run
 them, about the cost of another decode step).
+
+The model gets the cache as ``cache=`` (transformers 5.24 renamed the
+argument; ``past_key_values=`` is deprecated there and goes in 5.40), so
+the ``local`` extra requires transformers 5.24.
 """
 
 from __future__ import annotations
@@ -141,7 +145,7 @@ class Verifier:
         with torch.inference_mode():
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -186,7 +190,7 @@ class Verifier:
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=torch.tensor([pos], device=self.device),
                 attention_mask=self._mask(tree, base),
-                past_key_values=self._cache,
+                cache=self._cache,
                 use_cache=True,
             )
         self.forward_passes += 1
