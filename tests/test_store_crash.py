@@ -211,11 +211,57 @@ KEYS = [("t1", "p", "s"), ("t2", None, None), ("t1", None, "x")]
 IMP = ("imp", None, None)
 
 
+# Where a round kills the writer. Every trigger is an acknowledgement the child
+# printed, so a slow disk only makes a round slower, never a different round:
+#   "append"  after the k-th ``A`` (k random): inside one of the next appends
+#   "compact" after the n-th ``C``: inside that compaction (``C`` comes first)
+#   "import"  after the 11th ``A``: inside the import that follows it
+#   "after"   after the first ``I``: that import is acknowledged, so round 0
+#             (and every fourth) pins a generation: ``max_gen >= 0`` is certain
+TRIGGERS = ("after", "append", "compact", "import")
+WAIT_S = 60.0  # only a stuck child runs into it
+
+
+class ChildLines:
+    """What the child acknowledged so far, counted by a reader thread."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = {"READY": 0, "A": 0, "C": 0, "I": 0}
+        self.eof = False
+        self.cond = threading.Condition()
+
+    def add(self, line: str) -> None:
+        with self.cond:
+            self.lines.append(line)
+            tag = line.split(maxsplit=1)[0]
+            if tag in self.count:
+                self.count[tag] += 1
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def wait(self, tag: str, n: int) -> bool:
+        """Until the n-th ``tag`` line arrived; False if the child ended first."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.count[tag] >= n or self.eof, WAIT_S)
+            return self.count[tag] >= n
+
+
 def run_child(path: Path, rnd: int, rng: random.Random, err: Path) -> list[str]:
-    """Start the child, SIGKILL it at a random moment; return its complete lines."""
-    lines: list[str] = []
-    ready = threading.Event()
-    compacting = threading.Event()
+    """Start the child, SIGKILL it at a chosen acknowledgement; return its complete lines."""
+    trigger = TRIGGERS[rnd % len(TRIGGERS)]
+    tag, n = {
+        "append": ("A", rng.randint(1, 24)),
+        "compact": ("C", rng.randint(1, 2)),
+        "import": ("A", 11),
+        "after": ("I", 1),
+    }[trigger]
+    jitter = rng.uniform(0, 0.003)  # where inside the next operation it lands
+    seen = ChildLines()
     with err.open("ab") as errf:
         proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path), str(rnd)],
@@ -226,32 +272,28 @@ def run_child(path: Path, rnd: int, rng: random.Random, err: Path) -> list[str]:
 
     def read() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.endswith("\n"):
-                lines.append(line)
-                if line == "READY\n":
-                    ready.set()
-                elif line == "C\n" and ready.is_set():
-                    compacting.set()
+        try:
+            for line in proc.stdout:
+                if line.endswith("\n"):
+                    seen.add(line)
+        finally:
+            seen.close()
 
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        assert ready.wait(60), err.read_text()
-        if rnd % 3 == 0:  # right inside a compaction
-            assert compacting.wait(60), err.read_text()
-            time.sleep(rng.uniform(0, 0.004))
-        else:
-            time.sleep(rng.uniform(0.005, 0.15))
+        assert seen.wait("READY", 1), err.read_text()
+        assert seen.wait(tag, n), (rnd, trigger, n, err.read_text())
+        time.sleep(jitter)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-        reader.join(timeout=60)
+        proc.wait(timeout=WAIT_S)
+        reader.join(timeout=WAIT_S)
         assert proc.stdout is not None
         proc.stdout.close()
     assert not reader.is_alive()
     assert proc.returncode == -signal.SIGKILL, err.read_text()
-    return lines
+    return seen.lines
 
 
 def test_sigkill_loses_no_acknowledged_sequence(tmp_path):
