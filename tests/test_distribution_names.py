@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "agentspec-suffix"
@@ -75,9 +75,7 @@ def test_every_integration_install_brings_the_core_from_the_checkout():
 
 
 def test_no_doc_installs_agentspec_from_the_index():
+    from_index = re.compile(r"pip install\s+(-U\s+)?agentspec(\s|$|\[|-vllm|-litellm)")
     for f in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("integrations/*/README.md")]:
         for line in f.read_text(encoding="utf-8").splitlines():
-            assert not re.search(r"pip install\s+(-U\s+)?agentspec(\s|$|\[|-vllm|-litellm)", line), (
-                f.name,
-                line,
-            )
+            assert not from_index.search(line), (f.name, line)

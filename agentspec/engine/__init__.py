@@ -6,7 +6,10 @@
 - `generate_greedy`: the decode loop with a drafter callback (see
   `speculator_drafter` for drafts from an `agentspec.Speculator`).
 - `accept_sampling`, `branch_probabilities`, `target_probs`: the speculative
-  sampling rule for point-mass drafts, as pure numpy functions.
+  sampling rule for point-mass drafts, as pure numpy functions
+  (`effective_temperature`: tiny temperatures are greedy or clamped, as in vLLM).
+- `as_draft_tree` / `prune_draft_tree`: validate a draft (the latter drops
+  tokens outside the vocabulary and what follows them).
 - `Engine`: runs requests one at a time with drafts from learned stage shards
   (and shards pushed to it); `EngineServer` / `run_engine_server`: its
   OpenAI-compatible HTTP server (``agentspec serve`` without vLLM).
@@ -16,7 +19,7 @@ the default model.
 """
 
 from agentspec.engine._chat import TextDecoder, render_chat
-from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree
+from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree, prune_draft_tree
 from agentspec.engine._engine import (
     Completion,
     Engine,
@@ -35,15 +38,20 @@ from agentspec.engine._generate import (
     speculator_drafter,
 )
 from agentspec.engine._sampling import (
+    MIN_TEMPERATURE,
+    SAMPLING_EPS,
     SamplingParams,
     accept_sampling,
     branch_probabilities,
+    effective_temperature,
     target_probs,
 )
 from agentspec.engine._server import EngineServer, default_threads, run_engine_server
 from agentspec.engine._verify import DraftInput, Verifier
 
 __all__ = [
+    "MIN_TEMPERATURE",
+    "SAMPLING_EPS",
     "Completion",
     "DraftInput",
     "DraftLike",
@@ -66,7 +74,9 @@ __all__ = [
     "as_draft_tree",
     "branch_probabilities",
     "default_threads",
+    "effective_temperature",
     "generate_greedy",
+    "prune_draft_tree",
     "render_chat",
     "run_engine_server",
     "speculator_drafter",

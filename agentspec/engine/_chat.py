@@ -16,12 +16,59 @@ from typing import Any
 
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["TextDecoder", "chat_messages", "render_chat", "tokenize_prompt"]
+__all__ = [
+    "TextDecoder",
+    "chat_messages",
+    "max_token_bytes",
+    "prompt_bytes",
+    "render_chat",
+    "short_repr",
+    "text_bytes",
+    "tokenize_prompt",
+]
 
 #: Roles a chat message may have.
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 #: Tokens of context decoded together with each new token.
 _WINDOW = 6
+#: `max_token_bytes` of a tokenizer whose vocabulary cannot be decoded.
+_FALLBACK_TOKEN_BYTES = 256
+
+
+def short_repr(value: Any) -> str:
+    """A short, safe description of a request value for an error message."""
+    if isinstance(value, str):
+        return repr(value[:40])
+    if value is None or isinstance(value, (bool, int, float)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+
+
+def _check_utf8(text: str, where: str) -> str:
+    """``text`` if it encodes as UTF-8 (JSON may carry lone surrogates, ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{where} is not valid Unicode text", f"a lone surrogate at index {exc.start}"
+        ) from None
+    return text
+
+
+def max_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes one token of ``tokenizer`` decodes to (special tokens included).
+
+    A token that is part of a multi-byte character decodes to U+FFFD (3
+    bytes), more than it stands for: the result is an upper bound.
+    """
+    try:
+        n = len(tokenizer)
+        texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
+        longest = max(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    except Exception:  # an unusual tokenizer: a generous fixed bound
+        return _FALLBACK_TOKEN_BYTES
+    return max(1, int(longest))
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -29,7 +76,7 @@ def _content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _check_utf8(content, f"{where}.content")
     if isinstance(content, list):
         parts: list[str] = []
         for j, part in enumerate(content):
@@ -42,7 +89,7 @@ def _content_text(content: Any, where: str) -> str:
             if not isinstance(text, str):
                 raise InvalidArgumentError(f"{where}.content[{j}].text must be a string")
             parts.append(text)
-        return "".join(parts)
+        return _check_utf8("".join(parts), f"{where}.content")
     raise InvalidArgumentError(f"{where}.content must be a string or a list of text parts")
 
 
@@ -61,9 +108,9 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(msg, dict):
             raise InvalidArgumentError(f"{where} must be an object")
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidArgumentError(
-                f"{where}.role must be one of {', '.join(sorted(_ROLES))}", repr(role)[:40]
+                f"{where}.role must be one of {', '.join(sorted(_ROLES))}", short_repr(role)
             )
         if msg.get("tool_calls") or msg.get("function_call"):
             raise InvalidArgumentError(
@@ -84,13 +131,60 @@ def _ids_of(encoded: Any) -> list[int]:
     return [int(t) for t in ids]
 
 
-def render_chat(tokenizer: Any, messages: Any) -> list[int]:
-    """Prompt token ids of chat ``messages`` (validated), ending with the generation prompt.
+def text_bytes(text: str, where: str = "'prompt'") -> int:
+    """UTF-8 size of ``text``.
 
     Raises:
-        InvalidArgumentError: bad messages, or the template refused them.
+        InvalidArgumentError: a lone surrogate (JSON may carry ``"\\ud800"``).
+    """
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        _check_utf8(text, where)  # raises the error with its message
+        raise
+
+
+def prompt_bytes(messages: list[dict[str, str]]) -> int:
+    """UTF-8 bytes of text in validated chat ``messages`` (the template adds more)."""
+    return sum(text_bytes(m["content"]) for m in messages)
+
+
+def _check_size(size: int, max_bytes: int | None) -> None:
+    """Refuse a prompt text of over ``max_bytes`` bytes before tokenizing it."""
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidArgumentError(
+            f"the prompt has {size} bytes of text, more than this model's maximum context "
+            f"length can hold (prompts over {max_bytes} bytes are refused without tokenizing)"
+        )
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Any,
+    max_bytes: int | None = None,
+    max_len: int | None = None,
+) -> list[int]:
+    """Prompt token ids of chat ``messages`` (validated), ending with the generation prompt.
+
+    Messages with more than ``max_bytes`` bytes of text (UTF-8), or more
+    than ``max_len`` messages (each takes at least one token), are refused
+    before the template and the tokenizer run.
+
+    Raises:
+        InvalidArgumentError: bad messages, too long, or the template refused them.
     """
     clean = chat_messages(messages)
+    if max_bytes is not None:
+        # characters first: cheap, and never more than the bytes
+        _check_size(sum(len(m["content"]) for m in clean), max_bytes)
+        _check_size(prompt_bytes(clean), max_bytes)
+    if max_len is not None and len(clean) > max_len:
+        raise InvalidArgumentError(
+            f"{len(clean)} messages: more than this model's maximum context length "
+            f"of {max_len} tokens can hold"
+        )
     try:
         encoded = tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=True)
     except (ValueError, TypeError, KeyError) as exc:  # jinja errors raise from the template
@@ -102,19 +196,37 @@ def render_chat(tokenizer: Any, messages: Any) -> list[int]:
     return _ids_of(encoded)
 
 
-def tokenize_prompt(tokenizer: Any, prompt: Any, vocab_size: int) -> list[int]:
+def tokenize_prompt(
+    tokenizer: Any,
+    prompt: Any,
+    vocab_size: int,
+    max_bytes: int | None = None,
+    max_len: int | None = None,
+) -> list[int]:
     """Token ids of a completions ``prompt``: a string, a list of ids, or a list of one of those.
 
+    A string of more than ``max_bytes`` bytes (UTF-8) is refused before it is
+    tokenized, a list of ids of ``max_len`` or more before its ids are checked.
+
     Raises:
-        InvalidArgumentError: another shape, several prompts, or ids outside the vocabulary.
+        InvalidArgumentError: another shape, several prompts, too long, or ids
+            outside the vocabulary.
     """
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidArgumentError("'prompt' must not be empty")
+        if max_bytes is not None:
+            _check_size(len(prompt), max_bytes)
+        _check_size(text_bytes(prompt), max_bytes)
         return _ids_of(tokenizer(prompt))
     if isinstance(prompt, list) and prompt:
+        if max_len is not None and len(prompt) >= max_len:
+            raise InvalidArgumentError(
+                f"the prompt has {len(prompt)} tokens; this model's maximum context "
+                f"length is {max_len} tokens (prompt and output together)"
+            )
         if all(type(t) is int for t in prompt):
             bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
             if bad is not None:

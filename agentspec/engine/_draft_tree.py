@@ -11,7 +11,7 @@ import numpy as np
 
 from agentspec.exceptions import InvalidArgumentError, InvalidTokenError
 
-__all__ = ["DraftLike", "DraftTree", "as_draft_tree"]
+__all__ = ["DraftLike", "DraftTree", "as_draft_tree", "prune_draft_tree"]
 
 
 @runtime_checkable
@@ -95,6 +95,30 @@ def _int_list(name: str, values: Any) -> list[int]:
         raise TypeError(f"{name} must be a sequence of ints") from None
 
 
+def _shape(
+    draft: DraftLike | tuple[Sequence[int], Sequence[int] | None] | Sequence[int],
+) -> tuple[list[int], list[int]]:
+    """A non-tree draft's ``(tokens, parents)`` as int lists, the parents validated."""
+    if isinstance(draft, DraftLike):
+        tokens, parents = draft.token_ids, draft.parents
+    elif isinstance(draft, tuple) and len(draft) == 2 and not isinstance(draft[0], int):
+        tokens, parents = draft
+    else:
+        tokens, parents = draft, None
+    toks = _int_list("token_ids", tokens)
+    if not toks:
+        return [], []
+    pars = list(range(-1, len(toks) - 1)) if parents is None else _int_list("parents", parents)
+    if len(pars) != len(toks):
+        raise InvalidArgumentError(
+            "parents must have one entry per draft token", f"{len(pars)} != {len(toks)}"
+        )
+    for i, p in enumerate(pars):
+        if not -1 <= p < i:
+            raise InvalidArgumentError("each parent must be -1 or an earlier node", f"node {i}")
+    return toks, pars
+
+
 def as_draft_tree(
     draft: DraftTree
     | DraftLike
@@ -118,28 +142,51 @@ def as_draft_tree(
     if draft is None:
         return _EMPTY
     if isinstance(draft, DraftTree):
-        if vocab_size is not None and any(t >= vocab_size for t in draft.tokens):
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in draft.tokens):
             raise InvalidTokenError(f"draft token outside [0, {vocab_size})")
         return draft
-    if isinstance(draft, DraftLike):
-        tokens, parents = draft.token_ids, draft.parents
-    elif isinstance(draft, tuple) and len(draft) == 2 and not isinstance(draft[0], int):
-        tokens, parents = draft
-    else:
-        tokens, parents = draft, None
-    toks = _int_list("token_ids", tokens)
+    toks, pars = _shape(draft)
     if not toks:
         return _EMPTY
-    pars = list(range(-1, len(toks) - 1)) if parents is None else _int_list("parents", parents)
-    if len(pars) != len(toks):
-        raise InvalidArgumentError(
-            "parents must have one entry per draft token", f"{len(pars)} != {len(toks)}"
-        )
-    for i, p in enumerate(pars):
-        if not -1 <= p < i:
-            raise InvalidArgumentError("each parent must be -1 or an earlier node", f"node {i}")
     hi = vocab_size if vocab_size is not None else 2**31
     for i, t in enumerate(toks):
         if not 0 <= t < hi:
             raise InvalidTokenError(f"draft token {t} outside [0, {hi})", f"node {i}")
     return DraftTree(tuple(toks), tuple(pars))
+
+
+def prune_draft_tree(
+    draft: DraftTree
+    | DraftLike
+    | tuple[Sequence[int], Sequence[int] | None]
+    | Sequence[int]
+    | None,
+    vocab_size: int,
+) -> DraftTree:
+    """Like `as_draft_tree`, but a token outside ``[0, vocab_size)`` ends its branch.
+
+    Such a node is dropped together with its subtree: a chain keeps the
+    prefix before its first bad token, a tree every node whose path from
+    the context holds only valid tokens.  Drafts come from shards (a pushed
+    shard may hold any ids), and a draft is only a guess: the model is never
+    given a token it cannot take.
+
+    Raises:
+        TypeError, InvalidArgumentError: a malformed draft (see `as_draft_tree`).
+    """
+    if draft is None:
+        return _EMPTY
+    if isinstance(draft, DraftTree):
+        toks, pars = list(draft.tokens), list(draft.parents)
+    else:
+        toks, pars = _shape(draft)
+    keep: list[int] = []
+    new_index: dict[int, int] = {}
+    for i, (t, p) in enumerate(zip(toks, pars, strict=True)):
+        if 0 <= t < vocab_size and (p < 0 or p in new_index):
+            new_index[i] = len(keep)
+            keep.append(i)
+    if len(keep) == len(toks):
+        return draft if isinstance(draft, DraftTree) else DraftTree(tuple(toks), tuple(pars))
+    parents = tuple(-1 if pars[i] < 0 else new_index[pars[i]] for i in keep)
+    return DraftTree(tuple(toks[i] for i in keep), parents)

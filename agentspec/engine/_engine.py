@@ -27,8 +27,8 @@ from agentspec._draft import Draft, DraftParams
 from agentspec._log import get_logger
 from agentspec._speculator import Speculator
 from agentspec._tree import SuffixTree
-from agentspec.engine._chat import TextDecoder
-from agentspec.engine._draft_tree import as_draft_tree
+from agentspec.engine._chat import TextDecoder, max_token_bytes
+from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
 from agentspec.engine._verify import Verifier
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
@@ -261,6 +261,7 @@ class Engine:
         self._lock = _FifoLock()
         self._speculators: dict[str, Speculator] = {}  # per tenant; used under _lock
         self._ids = itertools.count(1)
+        self._max_prompt_bytes: int | None = None
 
     # --- shards ---------------------------------------------------------------
 
@@ -283,6 +284,18 @@ class Engine:
             }
         finally:
             self._lock.release()
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """Most UTF-8 bytes of prompt text that might fit in ``max_model_len`` tokens.
+
+        No token decodes to more than `max_token_bytes` bytes (plus one for a
+        leading space a decoder may drop), so a longer text has more tokens
+        than the context holds: it is refused without tokenizing it.
+        """
+        if self._max_prompt_bytes is None:
+            self._max_prompt_bytes = self.max_model_len * (max_token_bytes(self.tokenizer) + 1)
+        return self._max_prompt_bytes
 
     @property
     def queue_depth(self) -> int:
@@ -372,7 +385,12 @@ class Engine:
                 if speculate and depth > 0:
                     draft = self._draft(spec, rid, req.key)
                     if len(draft):
-                        tree = as_draft_tree(draft, verifier.vocab_size).trimmed(depth)
+                        # A shard (a pushed one above all) may hold ids this model has
+                        # not: a bad token ends its branch of the draft.
+                        valid = prune_draft_tree(draft, verifier.vocab_size)
+                        if len(valid) < len(draft):
+                            _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)
+                        tree = valid.trimmed(depth)
                 emitted = verifier.step(tree, sampling=sampling, rng=rng)
                 stats.steps += 1
                 stats.drafted += 0 if tree is None else len(tree)

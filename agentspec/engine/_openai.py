@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentspec._tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
-from agentspec.engine._chat import render_chat, tokenize_prompt
+from agentspec.engine._chat import render_chat, short_repr, tokenize_prompt
 from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
 from agentspec.exceptions import InvalidArgumentError
 
@@ -122,10 +122,12 @@ def _opt_number(body: Mapping[str, Any], name: str, default: float, lo: float, h
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(f"'{name}' must be a number", name)
-    if not lo <= value <= hi:
-        raise _bad(f"'{name}' must be in [{lo:g}, {hi:g}], not {value}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(f"'{name}' must be a finite number", name)
+    if not lo <= value <= hi:  # exact for ints of any size (no float conversion)
+        raise _bad(f"'{name}' must be in [{lo:g}, {hi:g}], not {short_repr(value)}", name)
     return float(value)
 
 
@@ -136,7 +138,7 @@ def _opt_int(body: Mapping[str, Any], name: str, lo: int) -> int | None:
     if type(value) is not int:
         raise _bad(f"'{name}' must be an integer", name)
     if value < lo:
-        raise _bad(f"'{name}' must be >= {lo}, not {value}", name)
+        raise _bad(f"'{name}' must be >= {lo}, not {short_repr(value)}", name)
     return value
 
 
@@ -177,9 +179,15 @@ def _shard_key(
         if value is None:
             return None
         try:
-            return check_tag(value, name)
+            checked = check_tag(value, name)
+            checked.encode("utf-8")  # a lone surrogate cannot name a shard
         except InvalidArgumentError as exc:
             raise _bad(f"vllm_xargs.agentspec_{name}: {exc}", "vllm_xargs") from None
+        except UnicodeEncodeError:
+            raise _bad(
+                f"vllm_xargs.agentspec_{name} is not valid Unicode text", "vllm_xargs"
+            ) from None
+        return checked
 
     tenant = tag("tenant", None) or "default"
     key = (tenant, tag("pipeline", HEADER_PIPELINE), tag("stage", HEADER_STAGE))
@@ -192,7 +200,8 @@ def _unsupported(body: Mapping[str, Any]) -> None:
     n = body.get("n")
     if n is not None and n != 1:
         raise _bad(
-            f"n={n!r} is not supported: this engine returns one choice per request (n must be 1)",
+            f"n={short_repr(n)} is not supported: this engine returns one choice per request "
+            "(n must be 1)",
             "n",
         )
     best_of = body.get("best_of")
@@ -234,6 +243,8 @@ def parse_request(
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _bad("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
@@ -251,11 +262,22 @@ def parse_request(
         if kind == CHAT:
             if "messages" not in body:
                 raise _bad("missing required field 'messages'", "messages")
-            prompt = render_chat(engine.tokenizer, body["messages"])
+            prompt = render_chat(
+                engine.tokenizer,
+                body["messages"],
+                max_bytes=engine.max_prompt_bytes,
+                max_len=engine.max_model_len,
+            )
         else:
             if "prompt" not in body:
                 raise _bad("missing required field 'prompt'", "prompt")
-            prompt = tokenize_prompt(engine.tokenizer, body["prompt"], engine.verifier.vocab_size)
+            prompt = tokenize_prompt(
+                engine.tokenizer,
+                body["prompt"],
+                engine.verifier.vocab_size,
+                max_bytes=engine.max_prompt_bytes,
+                max_len=engine.max_model_len,
+            )
         engine.check_prompt(prompt)
     except InvalidArgumentError as exc:
         raise _bad(str(exc), "messages" if kind == CHAT else "prompt") from None

@@ -9,6 +9,11 @@ p and renormalise.  With several children (a tree), the children are tried
 in order, each rejection removing its token; when all are rejected the
 output token is drawn from what is left of p.  Each emitted token is thus
 distributed exactly as p, whatever the draft (see `branch_probabilities`).
+
+Tiny temperatures follow vLLM (``vllm/sampling_params.py``): below
+`SAMPLING_EPS` (1e-5) decoding is greedy, and a temperature in
+``[SAMPLING_EPS, MIN_TEMPERATURE)`` is raised to `MIN_TEMPERATURE` (1e-2),
+so ``logits / temperature`` never overflows into NaN probabilities.
 """
 
 from __future__ import annotations
@@ -21,7 +26,28 @@ import numpy as np
 
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["SamplingParams", "accept_sampling", "branch_probabilities", "target_probs"]
+__all__ = [
+    "MIN_TEMPERATURE",
+    "SAMPLING_EPS",
+    "SamplingParams",
+    "accept_sampling",
+    "branch_probabilities",
+    "effective_temperature",
+    "target_probs",
+]
+
+#: A temperature below this decodes greedily (vLLM's ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
+#: The smallest temperature sampled with; smaller ones (>= `SAMPLING_EPS`) are
+#: raised to it (vLLM's ``_MAX_TEMP``).
+MIN_TEMPERATURE = 1e-2
+
+
+def effective_temperature(temperature: float) -> float:
+    """The temperature sampled with: 0 (greedy) below `SAMPLING_EPS`, else >= `MIN_TEMPERATURE`."""
+    if temperature < SAMPLING_EPS:
+        return 0.0
+    return max(temperature, MIN_TEMPERATURE)
 
 
 @dataclass(frozen=True)
@@ -40,19 +66,21 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Whether this is greedy decoding (temperature 0)."""
-        return self.temperature == 0
+        """Whether this is greedy decoding (temperature below `SAMPLING_EPS`, e.g. 0)."""
+        return self.temperature < SAMPLING_EPS
 
 
 def target_probs(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
     """Softmax of ``logits / temperature`` over the last axis, restricted to the top-p nucleus.
 
-    Temperature 0 gives the one-hot of the argmax.  The nucleus is the smallest
-    set of most likely tokens whose mass reaches ``top_p`` (never empty).
-    Returns float64 rows summing to 1.
+    Temperature 0 (or below `SAMPLING_EPS`) gives the one-hot of the argmax;
+    one below `MIN_TEMPERATURE` is raised to it (see `effective_temperature`).
+    The nucleus is the smallest set of most likely tokens whose mass reaches
+    ``top_p`` (never empty).  Returns float64 rows summing to 1.
     """
     SamplingParams(temperature, top_p)  # validation
     x = np.asarray(logits, dtype=np.float64)
+    temperature = effective_temperature(temperature)
     if temperature == 0:
         out = np.zeros_like(x)
         np.put_along_axis(out, x.argmax(axis=-1)[..., None], 1.0, axis=-1)

@@ -65,6 +65,13 @@ MAX_REQUEST_BYTES = 16 << 20
 
 _ROUTES = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
 
+#: Pending connections the listening socket queues (the kernel caps it at
+#: ``net.core.somaxconn``).
+LISTEN_BACKLOG = 1024
+
+#: The message of a 500 answer; what went wrong is logged, never sent.
+_INTERNAL_ERROR = "internal server error (see the server log)"
+
 
 def default_threads() -> int:
     """The default torch thread count: ``min(4, cpu count)``."""
@@ -264,10 +271,10 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
             self._event("[DONE]")
         except (GenerationCancelledError, ConnectionError, TimeoutError):
             _log.debug("agentspec.engine.stream_cancelled", id=rid)
-        except Exception as exc:  # the answer has started: report the error in-band
+        except Exception:  # the answer has started: report the error in-band
             _log.exception("agentspec.engine.stream_failed", id=rid)
-            with contextlib.suppress(OSError):
-                err = json.loads(error_body(f"generation failed: {exc}", "server_error"))
+            with contextlib.suppress(OSError):  # details only in the log
+                err = json.loads(error_body(_INTERNAL_ERROR, "server_error"))
                 self._event(err)
                 self._event("[DONE]")
         finally:
@@ -285,15 +292,20 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
             super().handle_one_request()
         except (ConnectionError, TimeoutError):
             self.close_connection = True
-        except Exception as exc:
+        except Exception:
             _log.exception("agentspec.engine.request_failed", path=self.path[:200])
             self.close_connection = True
-            with contextlib.suppress(OSError):
-                self._error(ApiError(500, f"internal error: {exc}", "server_error"))
+            with contextlib.suppress(OSError):  # details only in the log
+                self._error(ApiError(500, _INTERNAL_ERROR, "server_error"))
 
 
 class _EngineHTTPServer(IntakeHTTPServer):
+    """The intake's HTTP server with a listen backlog for bursts of clients."""
+
     owner: EngineServer
+    #: ``listen()`` backlog (socketserver's default, 5, drops connection bursts:
+    #: clients then wait for SYN retransmits, or time out).
+    request_queue_size = LISTEN_BACKLOG
 
 
 class EngineServer:
