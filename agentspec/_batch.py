@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import array
 import bisect
-import operator
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._draft import Cursor, Draft, DraftParams, make_draft, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
@@ -24,14 +24,6 @@ __all__ = ["BatchDrafter", "BatchItem", "draft_batch"]
 BatchItem = tuple[Cursor, "SuffixTree | Sequence[SuffixTree] | None", "TokenArray | None"]
 
 _MAX_THREADS = 1024
-
-
-def _check_count(name: str, value: object, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not 1 <= value <= hi:
-        raise InvalidArgumentError(f"{name} must be in [1, {hi}]", f"got {value}")
-    return value
 
 
 def _note(exc: BaseException, index: int) -> None:
@@ -76,8 +68,8 @@ class BatchDrafter:
             InvalidArgumentError: max_batch or threads below 1 (or absurdly large).
         """
         self._params = resolve_params(params, {})
-        self._max_batch = _check_count("max_batch", max_batch, 2**24)
-        self._threads = _check_count("threads", threads, _MAX_THREADS)
+        self._max_batch = as_int(max_batch, "max_batch", 1, 2**24)
+        self._threads = as_int(threads, "threads", 1, _MAX_THREADS)
         self._bufs = _lowlevel.BatchBuffers(self._max_batch, self._params.max_spec_tokens)
         self._lock = threading.Lock()
 
@@ -284,15 +276,7 @@ def _check_caps(caps: Sequence[int], n: int) -> list[int]:
     if len(out) != n:
         raise InvalidArgumentError(f"caps must have one entry per item ({n}), not {len(out)}")
     for i, cap in enumerate(out):
-        if isinstance(cap, bool):
-            raise TypeError(f"caps[{i}] must be an int, not bool")
-        try:
-            value = operator.index(cap)
-        except TypeError:
-            raise TypeError(f"caps[{i}] must be an int, not {type(cap).__name__}") from None
-        if value < 0:
-            raise InvalidArgumentError(f"caps[{i}] must be >= 0", f"got {value}")
-        out[i] = min(value, 2**32 - 1)
+        out[i] = min(as_int(cap, f"caps[{i}]", 0), 2**32 - 1)
     return out
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import structlog
 
+from agentspec._args import as_int
 from agentspec._log import get_logger
 from agentspec._tags import Tags
 from agentspec.exceptions import InvalidArgumentError
@@ -347,10 +348,8 @@ class Recorder:
         lead_tokens: int = 8,
     ) -> None:
         """Learn into ``store`` under ``tenant``; see the class docstring."""
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise InvalidArgumentError(f"queue_size must be an int >= 1, got {queue_size!r}")
-        if isinstance(lead_tokens, bool) or not isinstance(lead_tokens, int) or lead_tokens < 0:
-            raise InvalidArgumentError(f"lead_tokens must be an int >= 0, got {lead_tokens!r}")
+        queue_size = as_int(queue_size, "queue_size", 1)
+        lead_tokens = as_int(lead_tokens, "lead_tokens", 0)
         self._lead_tokens = lead_tokens
         self.store = store
         self.tenant = tenant

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import threading
 from dataclasses import dataclass
 from functools import cached_property
@@ -12,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec.exceptions import InvalidArgumentError, TreeClosedError
 
@@ -29,26 +29,9 @@ DraftResult = tuple[list[int], list[int], list[float], float, int, int]
 _UINT32_MAX = 2**32 - 1
 
 
-def check_max_depth(max_depth: object) -> int:
-    """Validate a tree/cursor depth: an int in [2, AS_MAX_DEPTH_LIMIT]."""
-    if isinstance(max_depth, bool):
-        raise TypeError("max_depth must be an int, not bool")
-    try:
-        depth = operator.index(max_depth)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"max_depth must be an int, not {type(max_depth).__name__}") from None
-    if not 2 <= depth <= _lowlevel.MAX_DEPTH_LIMIT:
-        raise InvalidArgumentError(
-            f"max_depth must be in [2, {_lowlevel.MAX_DEPTH_LIMIT}]", f"got {depth}"
-        )
-    return depth
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> None:
-    if type(value) is not int:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}]", f"got {value}")
+def check_max_depth(max_depth: object, name: str = "max_depth") -> int:
+    """Validate a tree/cursor depth: an int in [2, AS_MAX_DEPTH_LIMIT], as a plain int."""
+    return as_int(max_depth, name, 2, _lowlevel.MAX_DEPTH_LIMIT)
 
 
 def _check_float(name: str, value: object) -> None:
@@ -101,7 +84,16 @@ class DraftParams:
 
     def __post_init__(self) -> None:
         """Validate every field; bad values raise TypeError or InvalidArgumentError."""
-        _check_int("max_spec_tokens", self.max_spec_tokens, 1, _lowlevel.MAX_SPEC_LIMIT)
+        # Integer fields may be any integral type (numpy scalars included):
+        # stored as plain ints, so equal params hash alike and C gets ints.
+        for name, lo, hi in (
+            ("max_spec_tokens", 1, _lowlevel.MAX_SPEC_LIMIT),
+            ("max_pattern", 0, _UINT32_MAX),
+            ("min_pattern", 0, _UINT32_MAX),
+        ):
+            value = getattr(self, name)
+            if type(value) is not int or not lo <= value <= hi:
+                object.__setattr__(self, name, as_int(value, name, lo, hi))
         _check_float("alpha", self.alpha)
         if self.alpha < 0:
             raise InvalidArgumentError("alpha must be >= 0", f"got {self.alpha}")
@@ -112,8 +104,6 @@ class DraftParams:
                 "min_token_prob must be in [0, 1]", f"got {self.min_token_prob}"
             )
         _check_float("min_score", self.min_score)
-        _check_int("max_pattern", self.max_pattern, 0, _UINT32_MAX)
-        _check_int("min_pattern", self.min_pattern, 0, _UINT32_MAX)
         if self.max_pattern != 0 and self.min_pattern > self.max_pattern:
             raise InvalidArgumentError(
                 "min_pattern must not exceed max_pattern",

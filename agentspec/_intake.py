@@ -38,6 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentspec._args import as_int
+from agentspec._draft import check_max_depth
 from agentspec._log import get_logger
 from agentspec._tree import SuffixTree
 from agentspec._wire import (
@@ -119,9 +121,8 @@ class ShardIntake:
         busy_timeout: float = 1.0,
     ) -> None:
         """Create an empty intake (see the class docstring for the arguments)."""
-        SuffixTree(max_depth).close()  # validates max_depth
-        if type(max_body_bytes) is not int or max_body_bytes < 1:
-            raise InvalidArgumentError("max_body_bytes must be an int >= 1")
+        max_depth = check_max_depth(max_depth)
+        max_body_bytes = as_int(max_body_bytes, "max_body_bytes", 1)
         self.instance: str = uuid.uuid4().hex
         self.max_depth = max_depth
         self.max_body_bytes = max_body_bytes
@@ -592,7 +593,7 @@ def serve_intake(
     Port 0 picks a free port (``server.port``).  Stop with
     ``server.stop(thread)``.
     """
-    server = IntakeHTTPServer((host, port), intake, handler)
+    server = IntakeHTTPServer((host, as_int(port, "port")), intake, handler)
     thread = threading.Thread(
         target=server.serve_forever,
         kwargs={"poll_interval": 0.05},

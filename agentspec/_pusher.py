@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import tenacity
 from tenacity.wait import wait_base
 
+from agentspec._args import as_int
 from agentspec._log import get_logger
 from agentspec._wire import (
     DELTA_PATH,
@@ -318,10 +319,8 @@ class ShardPusher:
             raise InvalidArgumentError("at least one endpoint is needed")
         if len({e.url for e in eps}) != len(eps):
             raise InvalidArgumentError("endpoints must be distinct")
-        if type(queue_size) is not int or queue_size < 1:
-            raise InvalidArgumentError("queue_size must be an int >= 1")
-        if type(shm_threshold) is not int or shm_threshold < 0:
-            raise InvalidArgumentError("shm_threshold must be an int >= 0")
+        queue_size = as_int(queue_size, "queue_size", 1)
+        shm_threshold = as_int(shm_threshold, "shm_threshold", 0)
         if not timeout > 0:
             raise InvalidArgumentError("timeout must be > 0")
         self._store = store

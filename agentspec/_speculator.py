@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._batch import BatchDrafter, _check_caps
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, resolve_params
 from agentspec._tokens import TokenArray, as_int32_buffer
@@ -130,13 +131,19 @@ class Speculator:
         live: bool = False,
     ) -> None:
         """Create an empty speculator (see the class docstring for the arguments)."""
-        check_max_depth(max_depth)
+        max_depth = check_max_depth(max_depth)
+        cold_tokens = as_int(cold_tokens, "cold_tokens")
         if cold_tokens < 0:
             raise InvalidArgumentError(f"cold_tokens must be >= 0, not {cold_tokens}")
+        lead_tokens = as_int(lead_tokens, "lead_tokens")
         if not 0 <= lead_tokens <= max_depth:
             raise InvalidArgumentError(f"lead_tokens must be in [0, max_depth], not {lead_tokens}")
-        if max_shard_tokens is not None and max_shard_tokens < 0:
-            raise InvalidArgumentError(f"max_shard_tokens must be >= 0, not {max_shard_tokens}")
+        if max_shard_tokens is not None:
+            max_shard_tokens = as_int(
+                max_shard_tokens, "max_shard_tokens", expected="an int or None"
+            )
+            if max_shard_tokens < 0:
+                raise InvalidArgumentError(f"max_shard_tokens must be >= 0, not {max_shard_tokens}")
         self._max_depth = max_depth
         self._params = resolve_params(params, {})
         self._stage_shards = stage_shards

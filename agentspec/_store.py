@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._draft import check_max_depth
 from agentspec._journal import (
     ADD,
@@ -58,15 +59,6 @@ __all__ = [
 _log = get_logger()
 
 Listener = Callable[[ShardKey, int], None]
-
-
-def _check_int(value: object, name: str, low: int) -> int:
-    """An int (not bool) >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < low:
-        raise InvalidArgumentError(f"{name} must be >= {low}", f"got {value}")
-    return value
 
 
 class ShardStore:
@@ -119,9 +111,13 @@ class ShardStore:
             InvalidArgumentError, TypeError: a bad parameter.
             OSError: the directory cannot be created or read.
         """
-        self._max_bytes = None if max_bytes is None else _check_int(max_bytes, "max_bytes", 0)
+        self._max_bytes = (
+            None
+            if max_bytes is None
+            else as_int(max_bytes, "max_bytes", 0, expected="an int or None")
+        )
         self._max_depth = check_max_depth(max_depth)
-        self._snapshot_every = _check_int(snapshot_every, "snapshot_every", 1)
+        self._snapshot_every = as_int(snapshot_every, "snapshot_every", 1)
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)):
             raise TypeError(f"lock_timeout must be a number, not {type(lock_timeout).__name__}")
         if not (math.isfinite(lock_timeout) and lock_timeout >= 0):
@@ -355,7 +351,7 @@ class ShardStore:
         Raises:
             ShardNotFoundError: no such shard.
         """
-        v = _check_int(version, "version", 0)
+        v = as_int(version, "version", 0)
         with self._lock:
             shard = self._get(key)
             data = shard.delta_since(v)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from types import TracebackType
 from typing import Any
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._draft import (
     Draft,
     DraftParams,
@@ -50,19 +50,11 @@ class TreeStats:
     max_depth: int
 
 
-def check_seq_id(seq_id: object) -> int:
-    """Validate a sequence id: an int in the int64 range."""
-    if type(seq_id) is int:
-        sid = seq_id
-    else:
-        if isinstance(seq_id, bool):
-            raise TypeError("sequence ids must be ints, not bool")
-        try:
-            sid = operator.index(seq_id)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"sequence ids must be ints, not {type(seq_id).__name__}") from None
+def check_seq_id(seq_id: object, name: str = "seq_id") -> int:
+    """Validate a sequence id: an int in the int64 range, as a plain int."""
+    sid = seq_id if type(seq_id) is int else as_int(seq_id, name)
     if not _lowlevel.INT64_MIN <= sid <= _lowlevel.INT64_MAX:
-        raise InvalidArgumentError("sequence id out of the int64 range", f"seq_id {sid}")
+        raise InvalidArgumentError("sequence id out of the int64 range", f"{name} {sid}")
     return sid
 
 
@@ -70,7 +62,7 @@ def _id_list(ids: Iterable[Any], what: str) -> list[int]:
     """Validate an iterable of sequence ids."""
     if isinstance(ids, (str, bytes)):
         raise TypeError(f"{what} must be an iterable of ints, not {type(ids).__name__}")
-    return [check_seq_id(i) for i in ids]
+    return [check_seq_id(i, f"{what}[{k}]") for k, i in enumerate(ids)]
 
 
 _BUSY = "concurrent modification: another thread is modifying this SuffixTree"

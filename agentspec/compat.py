@@ -12,31 +12,109 @@ visible to other requests immediately), FIFO eviction beyond
 ``max_cached_requests`` (-1: unlimited, 0: no global tree), and the better
 of the two trees' drafts (the per-request one on ties).
 
-Differences, all fixes or extensions:
+Deliberate differences from arctic-inference 0.3.0 (each checked against
+0.3.0 itself; docs/design-native.md has the same list), with their reasons:
 
+Drafting
+
+- Ties between equally counted children go to the smallest token id
+  (arctic follows the child inserted first), in chains and in tree drafts:
+  a draft then depends only on the counts, never on insertion history, so a
+  tree rebuilt from a snapshot or delta drafts exactly like the original.
+- A match may cover the whole context: pattern lengths 1 ..
+  min(len(context), max_tree_depth - 1) are tried (arctic stops one short,
+  at len(context) - 1).  So a one-token context can draft, and
+  ``match_len`` (hence the ``max_spec_factor * match_len`` budget) can be
+  one larger.  Arctic stops short to dodge the context's own occurrence;
+  here that occurrence is excluded by the next point instead.
+- Probabilities divide a child's count by the total of the continuations,
+  not by the node's count: occurrences with no continuation (the context's
+  own occurrence in the per-request tree, or in the global tree for the
+  in-flight response; the end of a sequence) add no evidence.  A string seen
+  once before has probability 1.0, not 0.5; scores, ``min_token_prob``
+  cut-offs and which draft wins change accordingly.  Deflated probabilities
+  carry no information and keep arctic's per-request search from stopping
+  early.
+- An empty draft always has ``match_len`` 0 (arctic reports the match
+  length of a match that drafted nothing, e.g. with ``max_spec_tokens=0``):
+  ``match_len`` describes the draft.
 - ``speculate(max_spec_tokens=None)`` drafts up to ``max_tree_depth`` tokens
-  (arctic raises AttributeError); a value <= 0 returns an empty draft.
-- A context of a single token can draft.
-- A pattern's occurrence as the context itself does not count, so a string
-  seen once before has probability 1.0, not 0.5.
-- `start_request` is atomic: on any error nothing is registered.
-- Optional budgets ``max_cached_tokens`` / ``max_cached_bytes`` evict the
-  oldest cached responses (never the one being added) until the global
-  tree fits.
-- When the context passed to `speculate` is the tail of what the request
-  has seen (prompt + responses), drafting is incremental and costs about the
-  match length rather than re-walking every pattern from the root.
+  (arctic raises AttributeError: a bug).  A value <= 0 returns an empty draft
+  at once, without reading the context; values above 2**31-1 are allowed
+  (arctic raises TypeError); drafts never exceed ``max_tree_depth - 1``
+  tokens either way.
+
+Tokens
+
+- Token ids must be in [0, 2**31-1]: -1 and other negative ids raise
+  `InvalidTokenError` (a ValueError; arctic accepts any int32 but INT32_MIN
+  and INT32_MIN+1, its hash map's reserved keys).  Ids index a vocabulary,
+  and -1 is vLLM's placeholder for a token not known yet: learned into the
+  global tree it would be drafted to other requests.  Ids >= 2**31 raise
+  InvalidTokenError too (arctic: TypeError).
+- A numpy token array of the wrong dtype, shape or layout raises TypeError
+  (arctic: ValueError), as everywhere in agentspec; any iterable of ints is
+  accepted (arctic: sequences and arrays only).
+- `start_request` and `add_active_response` are atomic: when they raise,
+  nothing changed (arctic leaves a request whose prompt holds a bad token
+  active without a global slot, and appends the tokens before a bad one to
+  the per-request tree only, after which every append to it fails).
+
+Arguments
+
+- Stricter checks, because arctic turns these caller bugs into silently
+  empty or odd drafts: ``max_tree_depth`` in [2, 1024] (arctic accepts
+  anything, 0 included); ``max_cached_requests`` an int, -1 or in
+  [0, 2**31-1] (arctic accepts -2 or 2.0); ``max_spec_factor`` >= 0 and
+  finite, ``max_spec_offset`` finite, ``min_token_prob`` in [0, 1] (arctic
+  returns no draft for a negative, NaN or infinite factor and treats a
+  negative min_token_prob as 0); bool is refused where an int is expected
+  (arctic takes True as 1).  Range errors are ValueError subclasses
+  (`InvalidArgumentError`), type errors TypeError, naming the argument.
+- Integer arguments accept any integral type (numpy scalars included, as
+  arctic's binding does) and float arguments any real number: vLLM passes
+  ``max_spec_tokens`` computed from an int32 array.
+- ``use_tree_spec`` is truth-tested (arctic's binding accepts only bool).
+
+Requests and eviction (the same as arctic unless listed)
+
+- Unknown request ids (``speculate``, ``add_active_response``,
+  ``stop_request``; ``evict_cached_response`` of a response not cached) and
+  a duplicate ``start_request`` raise ValueError as in arctic (here
+  `InvalidArgumentError`, a ValueError subclass).  Starting a request whose
+  id still has a cached response evicts that response, as arctic does.
+- Eviction is FIFO by request count as in arctic, plus optional budgets
+  ``max_cached_tokens`` / ``max_cached_bytes`` (an extension, arctic issue
+  #215) that evict the oldest cached responses (never the one being added)
+  until the global tree fits.
+- Global sequence ids are 64-bit and never wrap (arctic wraps them at 2**31
+  and evicts a cached response whose id comes round again).
+
+Extensions
+
+- ``start_request(..., stage=...)`` serves the request from an
+  `agentspec.Speculator` (stage shards, see its docstring): it drafts from
+  its own context, so `speculate` ignores the ``context`` argument, and its
+  response is learned into the shards, not listed in ``cached_requests``.
+- ``global_tree``, ``max_cached_tokens`` and ``max_cached_bytes``
+  properties; `SuffixDecodingDraft.from_native` takes an `agentspec.Draft`.
+- Not a behaviour difference: when the context passed to `speculate` is the
+  tail of what the request has seen (prompt + responses), drafting is
+  incremental and costs about the match length rather than re-walking every
+  pattern from the root; the draft is the same.
 
 Not thread-safe: use one cache from one thread (as vLLM does).
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Hashable, KeysView
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec import _lowlevel
+from agentspec._args import as_int
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
 from agentspec._log import get_logger
 from agentspec._speculator import Speculator
@@ -48,6 +126,8 @@ __all__ = ["SuffixDecodingCache", "SuffixDecodingDraft"]
 
 _MAX_CACHED_REQUESTS = 0x7FFFFFFF
 _PARAMS_CACHE_SIZE = 256
+#: DraftParams fields and the `SuffixDecodingCache.speculate` arguments they come from.
+_ARG_NAMES = (("alpha", "max_spec_factor"), ("offset", "max_spec_offset"))
 
 
 @dataclass
@@ -89,14 +169,20 @@ class _Request:
         self.warned = False
 
 
-def _check_limit(name: str, value: object, *, allow_none: bool) -> int | None:
-    if value is None and allow_none:
+def _real(value: object, name: str) -> float:
+    """A float argument of `speculate`: any real number but bool (numpy floats too)."""
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
+    return float(value)
+
+
+def _check_limit(name: str, value: object) -> int | None:
+    """An optional budget: None, or an int >= 0."""
+    if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise InvalidArgumentError(f"{name} must be >= 0", f"got {value}")
-    return value
+    return as_int(value, name, 0, expected="an int or None")
 
 
 class SuffixDecodingCache:
@@ -130,18 +216,15 @@ class SuffixDecodingCache:
             InvalidArgumentError: max_tree_depth outside [2, 1024],
                 max_cached_requests < -1 or > 2**31-1, a negative budget.
         """
-        depth = check_max_depth(max_tree_depth)
-        if isinstance(max_cached_requests, bool) or not isinstance(max_cached_requests, int):
-            raise TypeError(
-                f"max_cached_requests must be an int, not {type(max_cached_requests).__name__}"
-            )
+        depth = check_max_depth(max_tree_depth, "max_tree_depth")
+        max_cached_requests = as_int(max_cached_requests, "max_cached_requests")
         if not -1 <= max_cached_requests <= _MAX_CACHED_REQUESTS:
             raise InvalidArgumentError(
                 f"max_cached_requests must be -1 (unlimited) or in [0, {_MAX_CACHED_REQUESTS}]",
                 f"got {max_cached_requests}",
             )
-        self._max_tokens = _check_limit("max_cached_tokens", max_cached_tokens, allow_none=True)
-        self._max_bytes = _check_limit("max_cached_bytes", max_cached_bytes, allow_none=True)
+        self._max_tokens = _check_limit("max_cached_tokens", max_cached_tokens)
+        self._max_bytes = _check_limit("max_cached_bytes", max_cached_bytes)
         self._max_tree_depth = depth
         self._max_cached_requests = max_cached_requests
         self._global = SuffixTree(depth)
@@ -314,15 +397,16 @@ class SuffixDecodingCache:
         if max_spec_tokens is None:
             spec = self._default_spec
         else:
-            if isinstance(max_spec_tokens, bool) or not isinstance(max_spec_tokens, int):
-                raise TypeError(
-                    f"max_spec_tokens must be an int or None, not {type(max_spec_tokens).__name__}"
-                )
-            if max_spec_tokens <= 0:
+            spec = as_int(max_spec_tokens, "max_spec_tokens", expected="an int or None")
+            if spec <= 0:
                 return SuffixDecodingDraft()
-            spec = min(max_spec_tokens, _lowlevel.MAX_SPEC_LIMIT)
+            spec = min(spec, _lowlevel.MAX_SPEC_LIMIT)
         params = self._get_params(
-            spec, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec
+            spec,
+            _real(max_spec_factor, "max_spec_factor"),
+            _real(max_spec_offset, "max_spec_offset"),
+            _real(min_token_prob, "min_token_prob"),
+            use_tree_spec,
         )
         if req.cursor is None:
             return SuffixDecodingDraft.from_native(self._stages().draft(req_id, params))
@@ -345,14 +429,21 @@ class SuffixDecodingCache:
         key = (spec, factor, offset, min_prob, tree)
         params = self._params.get(key)
         if params is None:
-            params = DraftParams(
-                max_spec_tokens=spec,
-                alpha=factor,
-                offset=offset,
-                min_token_prob=min_prob,
-                tree=bool(tree),
-                use_global=self._use_global,
-            )
+            try:
+                params = DraftParams(
+                    max_spec_tokens=spec,
+                    alpha=factor,
+                    offset=offset,
+                    min_token_prob=min_prob,
+                    tree=bool(tree),
+                    use_global=self._use_global,
+                )
+            except InvalidArgumentError as e:  # name the argument as speculate's caller knows it
+                message = str(e.args[0])
+                for field_name, arg in _ARG_NAMES:
+                    if message.startswith(field_name + " "):
+                        message = arg + message[len(field_name) :]
+                raise InvalidArgumentError(message, *e.args[1:]) from None
             if len(self._params) >= _PARAMS_CACHE_SIZE:
                 self._params.clear()
             self._params[key] = params

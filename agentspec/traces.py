@@ -39,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, TypeAlias
 
+from agentspec._args import as_int
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 
 __all__ = [
@@ -272,12 +273,13 @@ def read_traces(path: StrPath, *, max_sessions: int | None = None) -> Iterator[T
     delivered); nothing is skipped.  A missing file raises `FileNotFoundError`
     at once.
     """
-    if max_sessions is not None and (
-        isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
-    ):
-        raise InvalidArgumentError(
-            f"max_sessions must be None or an int >= 1, got {max_sessions!r}"
-        )
+    if max_sessions is not None:
+        try:
+            max_sessions = as_int(max_sessions, "max_sessions", 1)
+        except (TypeError, InvalidArgumentError):  # this function's documented error
+            raise InvalidArgumentError(
+                f"max_sessions must be None or an int >= 1, got {max_sessions!r}"
+            ) from None
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"trace file not found: {p}")

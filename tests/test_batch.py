@@ -222,3 +222,39 @@ def test_bad_caps_and_tree_lists_change_nothing(gtree: SuffixTree) -> None:
         drafter.draft([(c, [gtree, "tree"], [1, 2])])  # type: ignore[list-item]
     assert len(c) == 0
     assert drafter.draft([(c, gtree, [1, 2])], caps=[np.int64(2)])[0].token_ids == [3, 7]
+
+
+# --- integral argument types -------------------------------------------------------
+
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_integer_arguments_accept_numpy_integers(gtree: SuffixTree, kind: type) -> None:
+    """max_batch, threads and caps accept numpy integers (caps also as an array)."""
+    drafter = BatchDrafter(DraftParams(max_spec_tokens=4), max_batch=kind(3), threads=kind(2))
+    assert (drafter.max_batch, drafter.threads) == (3, 2)
+    assert type(drafter.max_batch) is int
+    assert type(drafter.threads) is int
+    items: list[BatchItem] = [
+        (Cursor(DEPTH, prompt=[5]), gtree, [kind(1), kind(2)]),
+        (Cursor(DEPTH, prompt=[5]), gtree, np.array([1, 2], dtype=np.int32)),
+    ]
+    caps = np.array([1, 0], dtype=kind)
+    drafts = drafter.draft(items, caps)
+    assert [d.token_ids for d in drafts] == [[3], []]
+    again = draft_batch([(c, gtree, None) for c, _, _ in items], threads=kind(1))
+    assert [d.token_ids for d in again] == [[3, 7], [3, 7]]  # tie 9/7: the smaller id
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 2.0, "2"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(gtree: SuffixTree, value: object) -> None:
+    """bool and non-integers raise TypeError naming the argument; nothing is appended."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    for kw in ("max_batch", "threads"):
+        with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+            BatchDrafter(**{kw: value})  # type: ignore[arg-type]
+    cursor = Cursor(DEPTH, prompt=[5])
+    with pytest.raises(TypeError, match=rf"^caps\[1\] must be an int, not {name}$"):
+        BatchDrafter().draft([(cursor, gtree, [1]), (Cursor(DEPTH), None, None)], [1, value])
+    assert len(cursor) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from agentspec.bench.ngram import NgramProposer
@@ -122,3 +123,22 @@ def test_rejects_bad_arguments():
         NgramProposer(1, 3, 0)
     with pytest.raises(TypeError, match="int"):
         NgramProposer(1.5, 3, 4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16], ids=repr)
+def test_integer_arguments_accept_numpy_integers(kind):
+    """min_n, max_n and k accept numpy integers, kept as plain ints."""
+    p = NgramProposer(kind(1), kind(3), kind(4))
+    assert (p.min_n, p.max_n, p.k) == (1, 3, 4)
+    assert all(type(v) is int for v in (p.min_n, p.max_n, p.k))
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 2.0], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(value):
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    with pytest.raises(TypeError, match=f"^min_n must be an int, not {name}$"):
+        NgramProposer(value, 3, 4)
+    with pytest.raises(TypeError, match=f"^max_n must be an int, not {name}$"):
+        NgramProposer(1, value, 4)
+    with pytest.raises(TypeError, match=f"^k must be an int, not {name}$"):
+        NgramProposer(1, 3, value)

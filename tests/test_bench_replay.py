@@ -81,6 +81,18 @@ def test_oracle_drafts_longest_prefix_of_seen_data():
     oracle.close()
 
 
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16], ids=repr)
+def test_oracle_max_spec_tokens_accepts_numpy_integers(kind):
+    """max_spec_tokens may be a numpy integer (kept as a plain int); bool and floats are refused."""
+    oracle = Oracle(kind(4))
+    assert oracle.k == 4
+    assert type(oracle.k) is int
+    oracle.close()
+    for bad, name in ((True, "bool"), (4.0, "float")):
+        with pytest.raises(TypeError, match=f"^max_spec_tokens must be an int, not {name}$"):
+            Oracle(bad)
+
+
 def test_oracle_reuses_a_prompt_that_extends_the_last_context():
     """The next turn's prompt (previous context + more) gives the same drafts as a fresh index."""
     a, b = Oracle(4), Oracle(4)

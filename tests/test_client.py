@@ -15,6 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 import structlog
@@ -754,6 +755,33 @@ def test_prompt_lead_needs_server_ids(server, store):
         client.chat.completions.create(**call_args("chat", "q"))
         assert client.flush(10)
     assert learned(store, ("default", None, None)) == [token_ids(reply_text("q"))]
+
+
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16], ids=repr)
+def test_integer_arguments_accept_numpy_integers(server, store, kind):
+    """queue_size and lead_tokens accept numpy integers, kept as plain ints."""
+    prompt = "a prompt long enough for a lead"
+    with make_client(
+        server, store, return_token_ids=True, queue_size=kind(8), lead_tokens=kind(3)
+    ) as client:
+        recorder = client._core.recorder
+        assert (recorder._max, recorder._lead_tokens) == (8, 3)
+        assert type(recorder._max) is int
+        assert type(recorder._lead_tokens) is int
+        client.chat.completions.create(**call_args("chat", prompt))
+        assert client.flush(10)
+    assert learned(store, ("default", None, None)) == [
+        token_ids(prompt)[-3:] + token_ids(reply_text(prompt))
+    ]
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 8.0, "8"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(server, store, value):
+    """bool and non-integers raise TypeError naming the argument."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    for kw in ("queue_size", "lead_tokens"):
+        with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+            make_client(server, store, **{kw: value})
 
 
 def test_lead_tokens_is_checked(server, store):

@@ -399,3 +399,104 @@ def test_staged_requests_use_stage_shards() -> None:
     draft = cache.speculate("r", [0, 5, 6], max_spec_tokens=8, max_spec_factor=4.0)
     assert draft.token_ids[:2] == [9, 9]
     assert set(cache.active_requests) == {"q", "r"}
+
+
+# numpy integer scalars (np.int32 above all: vLLM's input batch holds int32
+# arrays, and its proposer computes max_spec_tokens from them).
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_integer_arguments_accept_numpy_integers(kind: type) -> None:
+    """Every integer argument accepts numpy integers, stored as plain ints."""
+    cache = SuffixDecodingCache(
+        kind(DEPTH), kind(4), max_cached_tokens=kind(1000), max_cached_bytes=kind(30000)
+    )
+    assert cache.max_tree_depth == DEPTH
+    assert type(cache.max_tree_depth) is int
+    assert cache.max_cached_requests == 4
+    assert type(cache.max_cached_requests) is int
+    assert type(cache.max_cached_tokens) is int
+    assert type(cache.max_cached_bytes) is int
+    cache.start_request("r", np.array(P, dtype=np.int32))
+    context = np.array(P, dtype=np.int32)
+    num_tokens = np.array([len(P)], dtype=np.int32)[0]
+    # vLLM: min(num_speculative_tokens, max_model_len - num_tokens - 1)
+    spec = min(24, kind(10) - num_tokens - 1) if kind is not np.uint16 else kind(3)
+    draft = cache.speculate("r", context, max_spec_tokens=spec, max_spec_factor=4.0)
+    assert draft.token_ids == [3, 9, 1]
+    assert cache.speculate("r", context, max_spec_tokens=kind(1)).token_ids == [3]
+    assert cache.speculate("r", context, max_spec_tokens=kind(0)) == SuffixDecodingDraft()
+
+
+@pytest.mark.parametrize("value", [True, False, np.True_])
+def test_integer_arguments_refuse_bool(value: object) -> None:
+    """bool is an int subclass but never a count: TypeError naming the argument."""
+    with pytest.raises(TypeError, match="max_tree_depth must be an int, not bool"):
+        SuffixDecodingCache(value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_cached_requests must be an int, not bool"):
+        SuffixDecodingCache(DEPTH, value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_cached_tokens must be an int or None, not bool"):
+        SuffixDecodingCache(DEPTH, max_cached_tokens=value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_cached_bytes must be an int or None, not bool"):
+        SuffixDecodingCache(DEPTH, max_cached_bytes=value)  # type: ignore[arg-type]
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    with pytest.raises(TypeError, match="max_spec_tokens must be an int or None, not bool"):
+        cache.speculate("r", P, max_spec_tokens=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [4.0, np.float32(4), "4"])
+def test_integer_arguments_refuse_non_integers(value: object) -> None:
+    """Floats (even integral ones) and strings raise TypeError naming the argument."""
+    name = type(value).__name__
+    with pytest.raises(TypeError, match=f"max_tree_depth must be an int, not {name}"):
+        SuffixDecodingCache(value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=f"max_cached_requests must be an int, not {name}"):
+        SuffixDecodingCache(DEPTH, value)  # type: ignore[arg-type]
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    with pytest.raises(TypeError, match=f"max_spec_tokens must be an int or None, not {name}"):
+        cache.speculate("r", P, max_spec_tokens=value)  # type: ignore[arg-type]
+
+
+def test_numpy_integer_bounds_are_checked() -> None:
+    """Range checks are those of plain ints."""
+    with pytest.raises(ValueError, match="max_tree_depth"):
+        SuffixDecodingCache(np.int32(1))
+    with pytest.raises(ValueError, match="max_cached_requests"):
+        SuffixDecodingCache(DEPTH, np.int64(-2))
+    with pytest.raises(ValueError, match="max_cached_tokens"):
+        SuffixDecodingCache(DEPTH, max_cached_tokens=np.int32(-1))
+    assert SuffixDecodingCache(DEPTH, np.int32(-1)).max_cached_requests == -1
+
+
+def test_token_ids_accept_numpy_integer_lists() -> None:
+    """Lists of numpy integers work wherever token ids are taken (int32 arrays too)."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", [np.int64(t) for t in P[:3]])
+    cache.add_active_response("r", [np.uint16(t) for t in P[3:]])
+    cache.add_active_response("r", np.array([], dtype=np.int32))
+    draft = cache.speculate("r", [np.int32(t) for t in P], max_spec_tokens=np.int32(2))
+    assert draft.token_ids == [3, 9]
+
+
+def test_float_arguments_accept_numpy_reals_and_name_the_argument() -> None:
+    """max_spec_factor / max_spec_offset / min_token_prob: numpy reals work (as in
+    arctic); bad values raise errors naming speculate's argument, not a DraftParams field."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    plain = cache.speculate("r", P, 4, 2.0, 0.0, 0.1)
+    assert cache.speculate("r", P, 4, np.float32(2.0), np.float64(0.0), np.float32(0.1)) == plain
+    assert cache.speculate("r", P, np.int64(4), np.int32(2), 0, 0.1) == plain
+    for name, value, error, message in [
+        ("max_spec_factor", -1.0, ValueError, "max_spec_factor must be >= 0"),
+        ("max_spec_factor", float("nan"), ValueError, "max_spec_factor must be finite"),
+        ("max_spec_offset", float("inf"), ValueError, "max_spec_offset must be finite"),
+        ("min_token_prob", 1.5, ValueError, r"min_token_prob must be in \[0, 1\]"),
+        ("max_spec_factor", True, TypeError, "max_spec_factor must be a real number, not bool"),
+        ("max_spec_offset", "1", TypeError, "max_spec_offset must be a real number, not str"),
+        ("min_token_prob", None, TypeError, "min_token_prob must be a real number, not NoneType"),
+    ]:
+        with pytest.raises(error, match=f"^{message}"):
+            cache.speculate("r", P, 4, **{name: value})

@@ -259,3 +259,59 @@ def test_cursor_depth_validation() -> None:
         Cursor(1)
     with pytest.raises(TypeError):
         Cursor(8.0)  # type: ignore[arg-type]
+
+
+# --- integral argument types -------------------------------------------------------
+
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_params_accept_numpy_integers(kind: type) -> None:
+    """Integer fields accept numpy integers, stored as plain ints (same params, same hash)."""
+    p = DraftParams(max_spec_tokens=kind(4), max_pattern=kind(6), min_pattern=kind(2))
+    plain = DraftParams(max_spec_tokens=4, max_pattern=6, min_pattern=2)
+    assert p == plain
+    assert hash(p) == hash(plain)
+    assert all(type(v) is int for v in (p.max_spec_tokens, p.max_pattern, p.min_pattern))
+    cur = Cursor(DEPTH, prompt=P)
+    assert cur.draft(None, p) == cur.draft(None, plain)
+    assert cur.draft(None, max_spec_tokens=kind(1)).token_ids == [3]
+
+
+@pytest.mark.parametrize("field", ["max_spec_tokens", "max_pattern", "min_pattern"])
+@pytest.mark.parametrize("value", [True, False, np.True_, 2.0, "2"], ids=repr)
+def test_params_integer_fields_refuse_bool_and_non_integers(field: str, value: object) -> None:
+    """bool (an int subclass) and non-integers raise TypeError naming the field."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    with pytest.raises(TypeError, match=f"^{field} must be an int, not {name}$"):
+        DraftParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_params_numpy_integer_bounds() -> None:
+    """numpy integers are range-checked like ints."""
+    with pytest.raises(InvalidArgumentError, match="max_spec_tokens"):
+        DraftParams(max_spec_tokens=np.int32(0))
+    with pytest.raises(InvalidArgumentError, match="max_spec_tokens"):
+        DraftParams(max_spec_tokens=np.uint16(1025))
+    with pytest.raises(InvalidArgumentError, match="min_pattern"):
+        DraftParams(min_pattern=np.int64(-1))
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_cursor_accepts_numpy_integers(kind: type) -> None:
+    """Cursor depth and token lists of numpy integers work; int32 arrays too."""
+    cur = Cursor(kind(DEPTH), prompt=[kind(t) for t in P[:4]])
+    assert cur.max_depth == DEPTH
+    assert type(cur.max_depth) is int
+    cur.extend([kind(t) for t in P[4:5]])
+    cur.extend(np.array(P[5:], dtype=np.int32))
+    assert len(cur) == len(P)
+    assert cur.draft(None, alpha=4.0).token_ids == [3, 9, 1, 2]
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 8.0])
+def test_cursor_depth_refuses_bool_and_floats(value: object) -> None:
+    name = "bool" if isinstance(value, (bool, np.bool_)) else "float"
+    with pytest.raises(TypeError, match=f"^max_depth must be an int, not {name}$"):
+        Cursor(value)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 
+import numpy as np
 import pytest
 
 from agentspec import SuffixTree
@@ -530,3 +531,24 @@ def test_bad_constructor_arguments(tmp_path):
     with pytest.raises(InvalidArgumentError, match="max_body_bytes"):
         ShardIntake(max_body_bytes=0)
     assert ShardIntake(shm_dir=os.fspath(tmp_path)).shm_dir == tmp_path.resolve()
+
+
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16, np.uint32], ids=repr)
+def test_integer_arguments_accept_numpy_integers(kind):
+    """max_depth and max_body_bytes accept numpy integers, kept as plain ints."""
+    intake = ShardIntake(max_depth=kind(16), max_body_bytes=kind(4096))
+    assert (intake.max_depth, intake.max_body_bytes) == (16, 4096)
+    assert type(intake.max_depth) is int
+    assert type(intake.max_body_bytes) is int
+    tree = SuffixTree(16)
+    tree.add(1, [1, 2, 3])
+    assert intake._build(tree.to_bytes()).sequence(1) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 16.0, "16"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(value):
+    """bool and non-integers raise TypeError naming the argument."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    for kw in ("max_depth", "max_body_bytes"):
+        with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+            ShardIntake(**{kw: value})

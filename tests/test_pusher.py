@@ -6,6 +6,7 @@ import argparse
 import threading
 import time
 
+import numpy as np
 import pytest
 import tenacity
 
@@ -460,6 +461,43 @@ def test_bad_arguments():
             ShardPusher(store, ["http://h"], queue_size=0)
         with pytest.raises(InvalidArgumentError):
             ShardPusher(store, ["http://h"], timeout=0)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16, np.uint32], ids=repr)
+def test_integer_arguments_accept_numpy_integers(kind):
+    """queue_size, shm_threshold (and serve_intake's port) accept numpy integers."""
+    store = ShardStore()
+    intake = ShardIntake()
+    server, thread = serve_intake(intake, port=kind(0))
+    pusher = None
+    try:
+        pusher = ShardPusher(store, [server.url], queue_size=kind(4), shm_threshold=kind(1 << 10))
+        assert pusher._queue.maxsize == 4
+        assert type(pusher._shm_threshold) is int
+        store.learn(("t", None, "s"), [kind(1), kind(2), kind(3)])
+        assert pusher.flush(10)
+        assert intake.tree(("t", None, "s")).sequence(1) == [1, 2, 3]
+    finally:
+        if pusher is not None:
+            pusher.close()
+        server.stop(thread)
+        store.close()
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 4.0, "4"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(value):
+    """bool and non-integers raise TypeError naming the argument (nothing starts)."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    store = ShardStore()
+    try:
+        for kw in ("queue_size", "shm_threshold"):
+            with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+                ShardPusher(store, ["http://h"], **{kw: value})
+        assert store._listeners == []
+        with pytest.raises(TypeError, match=f"^port must be an int, not {name}$"):
+            serve_intake(ShardIntake(), port=value)
     finally:
         store.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -490,3 +491,46 @@ def test_live_interleaved_requests_keep_shards_consistent(
                     continue
                 for shard in spec._shards_for(req.key, create=False):
                     assert shard.tree.sequence(req.seq) == [8, r, *response]
+
+
+# --- integral argument types -------------------------------------------------------
+
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_integer_arguments_accept_numpy_integers(kind: type) -> None:
+    """Constructor integers, caps and token lists accept numpy integers."""
+    with Speculator(
+        kind(16), cold_tokens=kind(0), max_shard_tokens=kind(100), lead_tokens=kind(2)
+    ) as spec:
+        assert spec._max_depth == 16
+        assert type(spec._max_depth) is int
+        assert type(spec._cold_tokens) is int
+        assert type(spec._lead_tokens) is int
+        assert type(spec._max_tokens) is int
+        spec.start_request("a", [kind(1), kind(2)], stage="SQL", pipeline="p")
+        spec.extend("a", [kind(t) for t in SQL])
+        spec.finish("a")
+        spec.start_request("b", np.array([1, 2, 11, 12], dtype=np.int32), stage="SQL", pipeline="p")
+        spec.start_request("c", [1, 2], stage="SQL", pipeline="p")
+        drafts = spec.draft_batch(["b", "c"], PARAMS, caps=np.array([2, 8], dtype=kind))
+        assert [d.token_ids for d in drafts] == [SQL[2:4], SQL]
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 2.0, "2"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(value: object) -> None:
+    """bool and non-integers raise TypeError naming the argument."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    with pytest.raises(TypeError, match=f"^max_depth must be an int, not {name}$"):
+        Speculator(value)  # type: ignore[arg-type]
+    for kw in ("cold_tokens", "lead_tokens"):
+        with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+            Speculator(16, **{kw: value})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=f"^max_shard_tokens must be an int or None, not {name}$"):
+        Speculator(16, max_shard_tokens=value)  # type: ignore[arg-type]
+    with Speculator(16) as spec:
+        spec.start_request("a", [1, 2, 3])
+        spec.start_request("b", [1, 2, 3])
+        with pytest.raises(TypeError, match=rf"^caps\[0\] must be an int, not {name}$"):
+            spec.draft_batch(["a", "b"], caps=[value, 1])  # type: ignore[list-item]

@@ -613,3 +613,43 @@ def test_remove_listener_stops_notifications():
         st.remove_listener(listener)  # a second removal is ignored
         st.learn(A, [3])
         assert len(seen) == 1
+
+
+# --- integral argument types -------------------------------------------------------
+
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_integer_arguments_accept_numpy_integers(tmp_path, kind):
+    """max_bytes, max_depth, snapshot_every and delta_since's version accept numpy integers."""
+    with ShardStore(
+        tmp_path / "s", max_bytes=kind(30000), max_depth=kind(16), snapshot_every=kind(2)
+    ) as st:
+        assert (st._max_bytes, st._max_depth, st._snapshot_every) == (30000, 16, 2)
+        assert all(type(v) is int for v in (st._max_bytes, st._max_depth, st._snapshot_every))
+        first = st.learn(A, [kind(1), kind(2)])
+        version = st.version(A)
+        st.learn(A, np.array([3, 4], dtype=np.int32))
+        assert st.tree(A).max_depth == 16
+        delta = st.delta_since(A, kind(version))
+        assert delta is not None
+        tree = SuffixTree(16)
+        tree.add(first, [1, 2])
+        tree.load(delta[0])
+        assert content(tree) == content(st.tree(A))
+
+
+@pytest.mark.parametrize("value", [True, np.True_, 2.0, "2"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(value):
+    """bool and non-integers raise TypeError naming the argument."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    with pytest.raises(TypeError, match=f"^max_bytes must be an int or None, not {name}$"):
+        ShardStore(max_bytes=value)
+    for kw in ("max_depth", "snapshot_every"):
+        with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
+            ShardStore(**{kw: value})
+    st = ShardStore()
+    st.learn(A, [1])
+    with pytest.raises(TypeError, match=f"^version must be an int, not {name}$"):
+        st.delta_since(A, value)

@@ -7,6 +7,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
@@ -132,8 +133,9 @@ def test_max_sessions_limits_and_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     _write_lines(path, [_good_line(f"s{i}") for i in range(5)])
     assert [r.session for r in read_traces(path, max_sessions=2)] == ["s0", "s1"]
+    assert [r.session for r in read_traces(path, max_sessions=np.int32(2))] == ["s0", "s1"]
     assert len(list(read_traces(path))) == 5
-    for bad in (0, -1, True, 1.5):
+    for bad in (0, -1, True, 1.5, np.True_, np.int64(0)):
         with pytest.raises(InvalidArgumentError, match="max_sessions"):
             read_traces(path, max_sessions=bad)  # type: ignore[arg-type]
 

@@ -418,3 +418,47 @@ def test_context_manager_closes() -> None:
 def test_repr_shows_depth_and_size(tree: SuffixTree) -> None:
     """repr() names the depth and the number of sequences."""
     assert repr(tree) == "<SuffixTree max_depth=8 sequences=1>"
+
+
+# --- integral argument types -------------------------------------------------------
+
+INTEGRAL = (np.int32, np.int64, np.uint16, np.uint32, np.int16)
+
+
+@pytest.mark.parametrize("kind", INTEGRAL, ids=lambda k: k.__name__)
+def test_integer_arguments_accept_numpy_integers(kind: type) -> None:
+    """Depth and sequence ids accept numpy integers; ids come back as plain ints."""
+    t = SuffixTree(kind(DEPTH))
+    assert t.max_depth == DEPTH
+    assert type(t.max_depth) is int
+    t.add(kind(1), np.array(S, dtype=np.int32))
+    t.append(kind(2), [kind(v) for v in S[:4]])
+    t.close_sequence(kind(2))
+    assert kind(1) in t
+    assert kind(2) in t
+    assert t.sequence(kind(1)) == S
+    assert t.sequence(kind(2)) == S[:4]
+    assert all(type(i) is int for i in t.sequence_ids())
+    other = SuffixTree(DEPTH)
+    other.load(t.delta_bytes(np.array([1], dtype=kind), [kind(7)]))
+    assert other.sequence_ids() == [1]
+    t.remove(kind(2))
+    assert t.sequence_ids() == [1]
+
+
+@pytest.mark.parametrize("value", [True, False, np.True_, 1.0, "1"], ids=repr)
+def test_integer_arguments_refuse_bool_and_non_integers(tree: SuffixTree, value: object) -> None:
+    """bool and non-integers raise TypeError naming the argument; nothing changes."""
+    name = "bool" if isinstance(value, (bool, np.bool_)) else type(value).__name__
+    with pytest.raises(TypeError, match=f"^max_depth must be an int, not {name}$"):
+        SuffixTree(value)  # type: ignore[arg-type]
+    for call in (tree.add, tree.append):
+        with pytest.raises(TypeError, match=f"^seq_id must be an int, not {name}$"):
+            call(value, [1])  # type: ignore[arg-type]
+    for one in (tree.remove, tree.close_sequence, tree.sequence):
+        with pytest.raises(TypeError, match=f"^seq_id must be an int, not {name}$"):
+            one(value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=rf"^add_ids\[1\] must be an int, not {name}$"):
+        tree.delta_bytes([1, value])  # type: ignore[list-item]
+    assert value not in tree
+    assert tree.sequence_ids() == [1]

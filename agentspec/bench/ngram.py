@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agentspec._args import as_int
+
 __all__ = ["NgramProposer"]
 
 
@@ -36,9 +38,9 @@ class NgramProposer:
 
     def __init__(self, min_n: int, max_n: int, k: int) -> None:
         """Create a proposer (see the class docstring for the arguments)."""
-        for name, v in (("min_n", min_n), ("max_n", max_n), ("k", k)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        min_n = as_int(min_n, "min_n")
+        max_n = as_int(max_n, "max_n")
+        k = as_int(k, "k")
         if min_n < 1 or max_n < min_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if k < 1:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agentspec import SuffixTree
+from agentspec._args import as_int
 
 __all__ = ["Oracle", "longest_seen_prefix"]
 
@@ -74,8 +75,7 @@ class Oracle:
 
     def __init__(self, max_spec_tokens: int) -> None:
         """Create an empty oracle (see the class docstring)."""
-        if isinstance(max_spec_tokens, bool) or not isinstance(max_spec_tokens, int):
-            raise TypeError("max_spec_tokens must be an int")
+        max_spec_tokens = as_int(max_spec_tokens, "max_spec_tokens")
         if max_spec_tokens < 1:
             raise ValueError(f"max_spec_tokens must be >= 1, got {max_spec_tokens}")
         self.k = max_spec_tokens
