@@ -297,30 +297,48 @@ class AgentSpecHook(CustomLogger):
     async def async_post_call_streaming_iterator_hook(
         self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
     ) -> AsyncGenerator[Any, None]:
-        """Pass every chunk on unchanged; learn the output once the stream finished."""
+        """Pass every chunk on unchanged; learn the output once the stream finished.
+
+        However the stream ends -- its last chunk, the client dropping it
+        (the generator closed at its ``yield``), an upstream error, a
+        cancellation -- `_stream_ended` accounts for it: the output is
+        learned only when every choice reported its finish reason, and any
+        other stream is counted in ``unfinished_streams``, never learned.
+        """
         stash = None
         acc: StreamAccumulator | None = None
         try:
             stash = _stash(request_data)
             if stash is not None and self._state is not None:
-                acc = StreamAccumulator()
+                n = request_data.get("n")
+                acc = StreamAccumulator(n if type(n) is int else 1)
         except Exception as exc:
             self._error("stream", exc)
-        async for chunk in response:
-            if acc is not None:
-                try:
-                    acc.add(chunk)
-                except Exception as exc:
-                    self._error("stream", exc)
-                    acc = None
-            yield chunk
-        if acc is None or stash is None or self._state is None:
-            return
         try:
+            async for chunk in response:
+                if acc is not None:
+                    try:
+                        acc.add(chunk)
+                    except Exception as exc:
+                        self._error("stream", exc)
+                        acc = None
+                yield chunk
+        finally:
+            # Also reached by GeneratorExit / CancelledError: nothing here awaits or yields.
+            if acc is not None and stash is not None:
+                self._stream_ended(stash, acc)
+
+    def _stream_ended(self, stash: Mapping[str, Any], acc: StreamAccumulator) -> None:
+        """Learn a finished stream's output; count an unfinished one."""
+        try:
+            state = self._state
+            if state is None:
+                return
             if acc.finished:
-                self._state.learner.submit(Job(_key(stash), acc.outputs(), stash.get("model")))
+                state.learner.submit(Job(_key(stash), acc.outputs(), stash.get("model")))
             else:
                 self.counters.add("unfinished_streams")
+                state.learner.poke()  # the stats file shows the count
         except Exception as exc:
             self._error("stream", exc)
 

@@ -90,16 +90,29 @@ def _prompt_ids(obj: Mapping[str, Any]) -> list[int] | None:
 
 
 class StreamAccumulator:
-    """Collects the chunks of one streamed answer; `outputs` once it finished."""
+    """Collects the chunks of one streamed answer; `outputs` once it `finished`.
 
-    def __init__(self) -> None:
+    Args:
+        choices: how many choices the request asked for (its ``n``); the
+            answer is finished once each of them -- and every other choice
+            index seen -- reported a finish reason.
+    """
+
+    def __init__(self, choices: int = 1) -> None:
         """An empty accumulator."""
         self.prompt_ids: list[int] | None = None
+        self._choices = max(1, choices)
         self._ids: dict[int, list[int]] = {}
         self._missing_ids: set[int] = set()
         self._texts: dict[int, list[str]] = {}
         self._calls: dict[int, dict[int, list[str]]] = {}
-        self.finished = False
+        self._done: set[int] = set()
+
+    @property
+    def finished(self) -> bool:
+        """Whether every choice reported its finish reason (the answer is complete)."""
+        expected = set(range(self._choices)) | self._texts.keys()
+        return expected <= self._done
 
     def add(self, chunk: Any) -> None:
         """Take one chunk into account."""
@@ -115,7 +128,7 @@ class StreamAccumulator:
             elif _has_output(ch):
                 self._missing_ids.add(idx)  # a chunk with output but no ids
             if ch.get("finish_reason"):
-                self.finished = True
+                self._done.add(idx)
             delta = ch.get("delta")
             if isinstance(delta, Mapping):
                 if isinstance(delta.get("content"), str):

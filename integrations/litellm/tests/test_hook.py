@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from litellm.types.utils import ModelResponse
+from litellm.types.utils import ModelResponse, ModelResponseStream
 
 from agentspec import ShardStore
 from agentspec_litellm import AgentSpecHook
@@ -120,5 +120,191 @@ def test_a_bad_config_leaves_a_tagging_hook(tmp_path: Path) -> None:
         assert data["metadata"]["agentspec"]["stage"] == "S"
         assert hook.counters.snapshot()["errors.config"] == 1
         assert not (tmp_path / "s").exists()  # the defaults: no store
+    finally:
+        hook.close()
+
+
+# --- how a stream ends: learned only when complete, otherwise counted ------------------
+
+
+def stream_chunk(index: int = 0, finish: str | None = None, **delta: Any) -> ModelResponseStream:
+    choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
+    if delta.get("content"):
+        choice["token_ids"] = [ord(c) for c in delta["content"]]
+    return ModelResponseStream(id="s1", model="m", choices=[choice])
+
+
+def full_stream() -> list[ModelResponseStream]:
+    return [
+        stream_chunk(role="assistant", content=""),
+        stream_chunk(content="ab"),
+        stream_chunk(content="cd"),
+        stream_chunk(content="e"),
+        stream_chunk(finish="stop"),
+    ]
+
+
+class Upstream:
+    """An upstream stream: yields ``chunks``, then raises ``error`` or waits on ``hang``."""
+
+    def __init__(
+        self,
+        chunks: list[ModelResponseStream],
+        error: BaseException | None = None,
+        hang: asyncio.Event | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.error = error
+        self.hang = hang
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[ModelResponseStream]:
+        for c in self.chunks:
+            self.sent += 1
+            yield c
+        if self.hang is not None:
+            await self.hang.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def stream_hook(tmp_path: Path) -> tuple[AgentSpecHook, dict[str, Any]]:
+    hook = AgentSpecHook({"store": str(tmp_path / "s"), "push": [], "lead_tokens": 0})
+    data = asyncio.run(hook.async_pre_call_hook(KEY, None, request("S"), "acompletion"))
+    return hook, data
+
+
+def ended(hook: AgentSpecHook) -> dict[str, int]:
+    assert hook.flush(10)
+    counters = hook.counters.snapshot()
+    return {k: counters.get(k, 0) for k in ("learned", "unfinished_streams", "errors")}
+
+
+def test_a_stream_read_to_its_end_is_learned(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+
+        async def drain() -> list[Any]:
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, Upstream(full_stream()), data)
+            return [c async for c in gen]
+
+        assert len(asyncio.run(drain())) == 5
+        assert ended(hook) == {"learned": 1, "unfinished_streams": 0, "errors": 0}
+    finally:
+        hook.close()
+    with ShardStore(tmp_path / "s") as store:
+        tree = store.tree(("default", None, "S"))
+        assert tree is not None
+        assert [list(tree.sequence(i)) for i in tree.sequence_ids()] == [[97, 98, 99, 100, 101]]
+
+
+def test_a_stream_the_client_drops_is_counted_not_learned(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+        upstream = Upstream(full_stream())
+
+        async def drop_after_three() -> None:
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, upstream, data)
+            for _ in range(3):
+                await gen.__anext__()
+            await gen.aclose()  # the client went away: GeneratorExit at the hook's yield
+
+        asyncio.run(drop_after_three())
+        assert upstream.sent == 3
+        assert ended(hook) == {"learned": 0, "unfinished_streams": 1, "errors": 0}
+    finally:
+        hook.close()
+    with ShardStore(tmp_path / "s") as store:
+        assert store.tree(("default", None, "S")) is None
+
+
+def test_a_stream_dropped_after_its_finish_reason_is_complete(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+        usage = ModelResponseStream(id="s1", model="m", choices=[])
+
+        async def drop_before_usage() -> None:
+            upstream = Upstream([*full_stream(), usage])
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, upstream, data)
+            for _ in range(5):
+                await gen.__anext__()
+            await gen.aclose()
+
+        asyncio.run(drop_before_usage())
+        assert ended(hook) == {"learned": 1, "unfinished_streams": 0, "errors": 0}
+    finally:
+        hook.close()
+
+
+def test_an_upstream_error_mid_stream_is_counted_and_reaches_the_client(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+
+        async def drain() -> list[Any]:
+            upstream = Upstream(full_stream()[:3], error=RuntimeError("upstream broke"))
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, upstream, data)
+            got = []
+            try:
+                async for c in gen:
+                    got.append(c)
+            except RuntimeError:
+                return got
+            raise AssertionError("the upstream error was swallowed")
+
+        assert len(asyncio.run(drain())) == 3
+        assert ended(hook) == {"learned": 0, "unfinished_streams": 1, "errors": 0}
+    finally:
+        hook.close()
+
+
+def test_a_cancelled_stream_is_counted(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+
+        async def cancel_while_waiting() -> None:
+            hang = asyncio.Event()
+            upstream = Upstream(full_stream()[:2], hang=hang)
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, upstream, data)
+
+            async def consume() -> None:
+                async for _ in gen:
+                    pass
+
+            task = asyncio.ensure_future(consume())
+            while upstream.sent < 2:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.01)  # the hook now awaits the upstream's next chunk
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                return
+            raise AssertionError("the task was not cancelled")
+
+        asyncio.run(cancel_while_waiting())
+        assert ended(hook) == {"learned": 0, "unfinished_streams": 1, "errors": 0}
+    finally:
+        hook.close()
+
+
+def test_a_stream_is_finished_only_when_every_choice_is(tmp_path: Path) -> None:
+    hook, data = stream_hook(tmp_path)
+    try:
+        data["n"] = 2
+
+        async def drain(chunks: list[ModelResponseStream]) -> None:
+            gen = hook.async_post_call_streaming_iterator_hook(KEY, Upstream(chunks), data)
+            async for _ in gen:
+                pass
+
+        one_left = [stream_chunk(0, content="ab"), stream_chunk(1, content="xy")]
+        asyncio.run(drain([*one_left, stream_chunk(0, finish="stop")]))
+        assert ended(hook) == {"learned": 0, "unfinished_streams": 1, "errors": 0}
+        never_seen = [stream_chunk(0, content="ab"), stream_chunk(0, finish="stop")]
+        asyncio.run(drain(never_seen))  # choice 1 of n=2 never came
+        assert ended(hook) == {"learned": 0, "unfinished_streams": 2, "errors": 0}
+        both = [*one_left, stream_chunk(1, finish="length"), stream_chunk(0, finish="stop")]
+        asyncio.run(drain(both))
+        assert ended(hook) == {"learned": 2, "unfinished_streams": 2, "errors": 0}
     finally:
         hook.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,21 @@ from harness import Forwarder, Process, read_json, start_proxy, wait_for
 MESSAGES = [{"role": "user", "content": "Name three colors, comma separated."}]
 
 
+_clients: list[openai.OpenAI] = []
+
+
 def client(proxy: Process, key: str = "sk-team-a") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=180)
+    """An openai client of the proxy, closed after the test (no socket left to the GC)."""
+    c = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=180)
+    _clients.append(c)
+    return c
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
 
 
 def shard(stats: dict[str, Any] | None, tenant: str, stage: str) -> dict[str, Any] | None:
@@ -129,6 +143,32 @@ def test_streamed_and_non_streamed_outputs_are_learned_and_pushed(
 
     worker = wait_for(pushed, 60, "the Learn-NS shard on the engine")
     assert worker["tokens"] == expected_tokens
+
+
+def test_a_stream_the_client_drops_is_counted_not_learned(proxy: Process, proxy_dir: Path) -> None:
+    def unfinished() -> int:
+        counters = (read_json(proxy_dir / "stats.json") or {}).get("counters", {})
+        return int(counters.get("unfinished_streams", 0))
+
+    before = unfinished()
+    stream = client(proxy).chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "Count from 1 to 500, separated by commas."}],
+        max_tokens=256,
+        temperature=0,
+        stream=True,
+        extra_headers={"X-AgentSpec-Stage": "Dropped"},
+    )
+    got = 0
+    for chunk in stream:
+        assert not (chunk.choices and chunk.choices[0].finish_reason), "finished too soon"
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got == 3:
+            break
+    stream.close()  # the client goes away mid-stream: its connection is closed
+    wait_for(lambda: unfinished() > before, 60, "the dropped stream to be counted")
+    assert unfinished() == before + 1
+    assert shard(read_json(proxy_dir / "stats.json"), "team-a", "Dropped") is None
 
 
 def test_text_completions_are_tagged_and_learned(
