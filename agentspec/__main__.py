@@ -115,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve MODEL with agentspec speculation (vLLM with the agentspec plugin)",
         description="Start an OpenAI-compatible server for MODEL with agentspec speculation.",
+        epilog=(
+            "Tenants: without --tenant-keys there is NO ISOLATION between tenants. The "
+            "tenant is whatever a request's body says (vllm_xargs.agentspec_tenant), so "
+            "any client drafts from any tenant's shards (the embedded engine's "
+            "per-response agentspec counters show what they hold), and the one API "
+            "key also pushes, lists "
+            "and deletes every tenant's shards. With --tenant-keys the tenant comes "
+            "from the bearer key; add --admin-key (embedded engine) for the shard "
+            "routes. See docs/engine.md."
+        ),
     )
     cli_vllm.add_serve_arguments(sv)
     sv.set_defaults(func=cli_vllm.run_serve)

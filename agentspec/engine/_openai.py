@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentspec._log import get_logger
+from agentspec._shardkey import DEFAULT_TENANT
 from agentspec._tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
 from agentspec.engine._chat import render_chat, short_repr, tokenize_prompt
 from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
@@ -38,6 +40,8 @@ __all__ = [
 
 CHAT = "chat"
 COMPLETIONS = "completions"
+
+_log = get_logger()
 
 #: ``vllm_xargs`` keys naming the shard key, as `AgentSpecClient` sends them.
 _XARG_TENANT = "agentspec_tenant"
@@ -164,9 +168,12 @@ def _flag(value: Any, name: str) -> bool:
 
 
 def _shard_key(
-    body: Mapping[str, Any], headers: Mapping[str, str]
+    body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None = None
 ) -> tuple[tuple[str, str | None, str | None], bool | None]:
-    """The request's ``(tenant, pipeline, stage)`` and its speculation switch."""
+    """The request's ``(tenant, pipeline, stage)`` and its speculation switch.
+
+    ``tenant`` (from the API key) overrides the body's ``agentspec_tenant``.
+    """
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         raise _bad("'vllm_xargs' must be an object", "vllm_xargs")
@@ -189,7 +196,11 @@ def _shard_key(
             ) from None
         return checked
 
-    tenant = tag("tenant", None) or "default"
+    if tenant is None:
+        tenant = tag("tenant", None) or DEFAULT_TENANT
+    elif xargs.get(_XARG_TENANT, tenant) != tenant:
+        # As the vLLM middleware does: the key's tenant stands, whatever was asked.
+        _log.info("agentspec.engine.tenant_overridden", asked=str(xargs[_XARG_TENANT])[:128])
     key = (tenant, tag("pipeline", HEADER_PIPELINE), tag("stage", HEADER_STAGE))
     raw = xargs.get(_XARG_SPECULATE)
     return key, None if raw is None else _flag(raw, _XARG_SPECULATE)
@@ -230,10 +241,14 @@ def parse_request(
     headers: Mapping[str, str],
     engine: Engine,
     models: tuple[str, ...],
+    *,
+    tenant: str | None = None,
 ) -> ParsedRequest:
     """Validate a request body for ``kind`` ("chat" or "completions").
 
     ``models`` are the names this server answers to (the first is reported).
+    ``tenant``: the caller's tenant (from its API key), which the body's
+    ``vllm_xargs.agentspec_tenant`` cannot change; None: the body picks it.
 
     Raises:
         ApiError: bad JSON, missing or malformed fields (400), an unknown
@@ -285,7 +300,7 @@ def parse_request(
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", 1)
     seed = _opt_int(body, "seed", -(2**63))
-    key, speculate = _shard_key(body, headers)
+    key, speculate = _shard_key(body, headers, tenant)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options")

@@ -10,7 +10,22 @@ Routes:
   together with the engine's own learned shards.
 - ``GET /health`` -- 200 while serving (no authentication).
 
-With an API key every ``/v1`` route needs ``Authorization: Bearer <key>``.
+Keys (see docs/engine.md, "Keys and tenants"):
+
+- ``api_key``: with it every ``/v1`` route needs ``Authorization: Bearer
+  <key>``.  Alone it guards everything, shard routes included, and the
+  tenant is whatever the body's ``vllm_xargs.agentspec_tenant`` says: no
+  isolation between tenants.
+- ``tenant_keys`` (an API key -> tenant map, `agentspec._tenants`): the
+  tenant of an OpenAI request comes from its bearer key only (the body's
+  ``agentspec_tenant`` is overridden, as the vLLM middleware does); a key
+  in the map is accepted, so is ``api_key`` (tenant ``"default"``), any
+  other key gets 401.  Drafts, learned shards and the response's
+  ``"agentspec"`` counters then only ever involve the caller's tenant.
+- ``admin_key``: the only key the ``/v1/agentspec/...`` shard routes accept
+  (push, delete, list); an inference key gets 403 there.  With a tenant map
+  and no admin key the shard routes are closed (403).
+
 Requests run one at a time in arrival order (the model holds one sequence);
 a client that disconnects stops its request, queued or running.
 
@@ -33,7 +48,9 @@ from typing import Any
 
 from agentspec._intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
 from agentspec._log import get_logger
-from agentspec._wire import API_PREFIX, check_bearer
+from agentspec._shardkey import DEFAULT_TENANT
+from agentspec._tenants import bearer_token, check_tenant_keys, tenant_of
+from agentspec._wire import API_PREFIX, ErrorType, check_bearer
 from agentspec.engine._engine import (
     Completion,
     Engine,
@@ -55,6 +72,7 @@ from agentspec.engine._openai import (
     text_chunk,
     usage_chunk,
 )
+from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["EngineServer", "default_threads", "run_engine_server"]
 
@@ -102,6 +120,11 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
         """Serve one request of any method."""
         path = self.path.partition("?")[0]
         if path.startswith(API_PREFIX):
+            refused = self.server.owner.shard_access(self.headers.get("Authorization"))
+            if refused is not None:
+                self._drain()
+                self._error(refused)
+                return
             getattr(super(), f"do_{self.command}")()
             return
         try:
@@ -135,10 +158,9 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
         if path == "/health" and self.command == "GET":
             self._json(200, {"status": "ok"})
             return
-        if path.startswith("/v1/") and not check_bearer(
-            self.headers.get("Authorization"), owner.api_key
-        ):
-            raise ApiError(401, "missing or invalid API key", "authentication_error")
+        tenant = (
+            owner.tenant_for(self.headers.get("Authorization")) if path.startswith("/v1/") else None
+        )
         if path == "/v1/models":
             if self.command != "GET":
                 raise ApiError(405, f"{self.command} not allowed on {path}")
@@ -151,7 +173,7 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
             raise ApiError(405, f"{self.command} not allowed on {path}")
         body = self._read_body()
         headers = dict(self.headers.items())
-        req = parse_request(kind, body, headers, owner.engine, owner.model_names)
+        req = parse_request(kind, body, headers, owner.engine, owner.model_names, tenant=tenant)
         if req.stream:
             self._stream(req)
         else:
@@ -314,12 +336,23 @@ class EngineServer:
     Args:
         engine: the `Engine` answering the OpenAI routes.
         host, port: where to listen (port 0: a free port).
-        api_key: bearer token required on every ``/v1`` route (None: open).
+        api_key: bearer token required on every ``/v1`` route (None: open);
+            with ``tenant_keys`` it is one more accepted key, of the
+            ``"default"`` tenant.
         served_model_name: the model name(s) requests may use; the first
             one is listed by ``/v1/models``.
-        intake: the shard intake (default: a new `ShardIntake` with the
-            same API key and the engine's tree depth).  Give the same intake
-            to the engine as its ``pushed_tree`` source; `create` does both.
+        intake: the shard intake (default: a new `ShardIntake` demanding the
+            admin key, else the API key, with the engine's tree depth).
+            Give the same intake to the engine as its ``pushed_tree``
+            source; `create` does both.
+        tenant_keys: API key -> tenant map (see the module docstring); None:
+            the body's ``agentspec_tenant`` picks the tenant (no isolation).
+        admin_key: the key of the ``/v1/agentspec/...`` shard routes (None:
+            they take ``api_key``, or are closed when there is a tenant map).
+
+    Raises:
+        InvalidArgumentError: a bad tenant map, or an admin key that is also
+            an inference key.
     """
 
     def __init__(
@@ -331,16 +364,23 @@ class EngineServer:
         api_key: str | None = None,
         served_model_name: str | tuple[str, ...] = "smollm2-135m",
         intake: ShardIntake | None = None,
+        tenant_keys: Mapping[str, str] | None = None,
+        admin_key: str | None = None,
     ) -> None:
         """Bind (serving starts with `start` or `serve_forever`)."""
         self.engine = engine
         self.api_key = api_key or None
+        self.admin_key = admin_key or None
+        self.tenant_keys: dict[str, str] | None = (
+            None if tenant_keys is None else check_tenant_keys(tenant_keys)
+        )
+        _check_admin_key(self.admin_key, self.api_key, self.tenant_keys)
         names = (served_model_name,) if isinstance(served_model_name, str) else served_model_name
         if not names:
             raise ValueError("at least one served model name is needed")
         self.model_names: tuple[str, ...] = tuple(names)
         self.intake = intake or ShardIntake(
-            api_key=self.api_key, max_depth=engine.options.max_depth
+            api_key=self.admin_key or self.api_key, max_depth=engine.options.max_depth
         )
         self.created = int(time.time())
         self._httpd = _EngineHTTPServer((host, port), self.intake, _Handler)
@@ -358,10 +398,14 @@ class EngineServer:
         *,
         api_key: str | None = None,
         served_model_name: str | tuple[str, ...] = "smollm2-135m",
+        tenant_keys: Mapping[str, str] | None = None,
+        admin_key: str | None = None,
     ) -> EngineServer:
         """An `Engine` over ``model`` whose pushed shards come from this server's intake."""
         opts = options or EngineOptions()
-        intake = ShardIntake(api_key=api_key or None, max_depth=opts.max_depth)
+        checked = None if tenant_keys is None else check_tenant_keys(tenant_keys)
+        _check_admin_key(admin_key or None, api_key or None, checked)
+        intake = ShardIntake(api_key=admin_key or api_key or None, max_depth=opts.max_depth)
         engine = Engine(model, tokenizer, opts, pushed_tree=intake.tree)
         return cls(
             engine,
@@ -370,6 +414,54 @@ class EngineServer:
             api_key=api_key,
             served_model_name=served_model_name,
             intake=intake,
+            tenant_keys=checked,
+            admin_key=admin_key,
+        )
+
+    # --- keys -----------------------------------------------------------------
+
+    def tenant_for(self, authorization: str | None) -> str | None:
+        """The tenant of an OpenAI request with this ``Authorization`` header.
+
+        None without a tenant map (the body names the tenant).
+
+        Raises:
+            ApiError: 401, the key is not accepted.
+        """
+        if self.tenant_keys is not None:
+            tenant = tenant_of(self.tenant_keys, bearer_token(authorization))
+            if tenant is not None:
+                return tenant
+            if self.api_key is not None and check_bearer(authorization, self.api_key):
+                return DEFAULT_TENANT
+        elif check_bearer(authorization, self.api_key):
+            return None
+        raise ApiError(401, "missing or invalid API key", ErrorType.AUTHENTICATION)
+
+    def shard_access(self, authorization: str | None) -> ApiError | None:
+        """Why a ``/v1/agentspec/...`` request with this header is refused (None: it may go on).
+
+        With an admin key only that key gets through (an inference key: 403,
+        anything else: 401).  With a tenant map and no admin key the routes
+        are closed.  With neither, the intake checks the API key as before.
+        """
+        if self.admin_key is None and self.tenant_keys is None:
+            return None
+        if self.admin_key is not None and check_bearer(authorization, self.admin_key):
+            return None
+        try:
+            self.tenant_for(authorization)
+        except ApiError as err:
+            return err
+        if self.admin_key is None:
+            return ApiError(
+                403,
+                "the shard routes are closed: this server maps API keys to tenants and has "
+                "no admin key (agentspec serve --admin-key)",
+                ErrorType.FORBIDDEN,
+            )
+        return ApiError(
+            403, "the shard routes need the admin key, not an inference key", ErrorType.FORBIDDEN
         )
 
     @property
@@ -437,6 +529,20 @@ class EngineServer:
         self.stop()
 
 
+def _check_admin_key(
+    admin_key: str | None, api_key: str | None, tenant_keys: Mapping[str, str] | None
+) -> None:
+    """An admin key must not also be an inference key (it would then do both)."""
+    if admin_key is None:
+        return
+    if admin_key == api_key or (
+        tenant_keys is not None and tenant_of(tenant_keys, admin_key) is not None
+    ):
+        raise InvalidArgumentError(
+            "the admin key must differ from the API key and from every key of the tenant map"
+        )
+
+
 def run_engine_server(
     model: str = "smollm2-135m",
     host: str = "127.0.0.1",
@@ -450,6 +556,8 @@ def run_engine_server(
     tree_drafts: bool = False,
     default_max_tokens: int = 1024,
     dtype: str = "float32",
+    tenant_keys: Mapping[str, str] | None = None,
+    admin_key: str | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -465,6 +573,8 @@ def run_engine_server(
         tree_drafts: draft trees instead of chains.
         default_max_tokens: output limit of requests that set none.
         dtype: torch dtype of the weights.
+        tenant_keys: API key -> tenant map (tenants from the keys only).
+        admin_key: the only key of the shard routes.
 
     Raises:
         agentspec.models.ModelError: the model cannot be fetched or loaded.
@@ -486,7 +596,15 @@ def run_engine_server(
         tree_drafts=tree_drafts,
     )
     server = EngineServer.create(
-        loaded, tokenizer, options, host, port, api_key=api_key, served_model_name=names
+        loaded,
+        tokenizer,
+        options,
+        host,
+        port,
+        api_key=api_key,
+        served_model_name=names,
+        tenant_keys=tenant_keys,
+        admin_key=admin_key,
     )
     _log.info(
         "agentspec.engine.serving",
@@ -495,6 +613,12 @@ def run_engine_server(
         threads=torch.get_num_threads(),
         speculate=speculate,
         tree_drafts=tree_drafts,
+        tenants="from API keys"
+        if tenant_keys is not None
+        else "from request bodies (no isolation)",
+        shard_routes="admin key"
+        if admin_key
+        else ("closed" if tenant_keys is not None else "API key"),
     )
     try:
         server.serve_forever()

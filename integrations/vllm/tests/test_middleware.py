@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -15,11 +16,13 @@ except ImportError:  # not installed (e.g. the main venv): use the source tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentspec_vllm.middleware import (
+    DEFAULT_MAX_BODY_BYTES,
     TENANT_KEYS_ENV,
     AgentSpecHeaderMiddleware,
     load_tenant_keys,
 )
 
+from agentspec._tenants import load_tenant_keys as agentspec_load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
 
 
@@ -269,3 +272,197 @@ def test_bad_arguments():
         AgentSpecHeaderMiddleware(EchoApp(), max_body_bytes=0)
     with pytest.raises(InvalidArgumentError):
         AgentSpecHeaderMiddleware(EchoApp(), tenant_keys={"k": ""})
+
+
+# --- tenant map: a body the middleware cannot check is refused, never forwarded ---------
+# Regression tests of an outside review: with a tenant map, a client whose key
+# maps to team-a reached team-b's shards by padding its JSON body past
+# max_body_bytes (passed through unchanged, so its own agentspec_tenant stood).
+
+KEYS = {"sk-a": "team-a", "sk-b": "team-b"}
+AUTH_A = ("Authorization", "Bearer sk-a")
+ASK_B = {"vllm_xargs": {"agentspec_tenant": "team-b"}}
+
+
+def _error(sent, status):
+    assert sent[0]["type"] == "http.response.start"
+    assert sent[0]["status"] == status
+    assert (b"content-type", b"application/json") in sent[0]["headers"]
+    err = json.loads(response_body(sent))["error"]
+    assert err["code"] == status
+    assert err["message"]
+    assert {"type", "param"} <= set(err)
+    return err
+
+
+def test_padded_body_over_the_default_limit_is_refused_with_413():
+    app = EchoApp()
+    mw = AgentSpecHeaderMiddleware(app, tenant_keys=KEYS)
+    pad = "x" * (DEFAULT_MAX_BODY_BYTES + 1)
+    body = json.dumps({"prompt": "p", "pad": pad, **ASK_B}).encode()
+    sent, _, _ = run(mw, headers=[JSON, AUTH_A], body=body, pieces=65)
+    assert "over" in _error(sent, 413)["message"]
+    assert app.calls == []
+
+
+@pytest.mark.parametrize("pieces", [1, 9])
+def test_body_over_max_body_bytes_is_refused_with_a_tenant_map(pieces):
+    app = EchoApp()
+    mw = AgentSpecHeaderMiddleware(app, tenant_keys=KEYS, max_body_bytes=100)
+    body = json.dumps({"prompt": "z" * 500, **ASK_B}).encode()
+    sent, _, _ = run(mw, headers=[JSON, AUTH_A], body=body, pieces=pieces)
+    _error(sent, 413)
+    assert app.calls == []
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"prompt": ', "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'"team-b"', "JSON object"),
+        (b'{"prompt": "x", "vllm_xargs": "agentspec_tenant=team-b"}', "vllm_xargs"),
+        (b'{"prompt": "x", "vllm_xargs": ["team-b"]}', "vllm_xargs"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+    ],
+)
+@pytest.mark.parametrize("ctype", ["application/json", "text/plain", None])
+def test_uncheckable_bodies_get_400_with_a_tenant_map(body, words, ctype):
+    app = EchoApp()
+    mw = AgentSpecHeaderMiddleware(app, tenant_keys=KEYS)
+    headers = [AUTH_A] + ([] if ctype is None else [("content-type", ctype)])
+    sent, _, _ = run(mw, headers=headers, body=body, pieces=3)
+    assert words in _error(sent, 400)["message"]
+    assert app.calls == []
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", None, "application/x-www-form-urlencoded"])
+def test_json_under_any_content_type_gets_the_key_tenant(ctype):
+    # Without a Content-Type FastAPI still parses the body as JSON: it used to
+    # pass through unchanged, with the client's own agentspec_tenant.
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=KEYS)
+    headers = [AUTH_A] + ([] if ctype is None else [("content-type", ctype)])
+    body = json.dumps({"prompt": "x", **ASK_B}).encode()
+    _, _, seen = run(mw, headers=headers, body=body)
+    assert json.loads(seen)["vllm_xargs"] == {"agentspec_tenant": "team-a"}
+
+
+def test_forwarded_body_is_the_checked_one():
+    # Duplicate keys: the last one wins in Python's parser; the forwarded body
+    # is re-encoded, so no other parser can read a different tenant from it.
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=KEYS)
+    body = (
+        b'{"prompt": "x", "vllm_xargs": {"agentspec_tenant": "team-b"},'
+        b' "vllm_xargs": {"agentspec_tenant": "team-a"}}'
+    )
+    sent, scope, seen = run(mw, headers=[JSON, AUTH_A, ("Transfer-Encoding", "chunked")], body=body)
+    assert seen == b'{"prompt":"x","vllm_xargs":{"agentspec_tenant":"team-a"}}'
+    assert seen.count(b"vllm_xargs") == 1
+    names = [k for k, _ in scope["headers"]]
+    assert b"transfer-encoding" not in names
+    assert names.count(b"content-length") == 1
+    assert response_body(sent) == seen
+
+
+def test_lone_surrogates_are_forwarded_escaped():
+    for keys in (KEYS, None):
+        mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=keys)
+        body = b'{"prompt": "a\\ud800b"}'
+        _, _, seen = run(mw, headers=[JSON, AUTH_A, ("X-AgentSpec-Stage", "S")], body=body)
+        obj = json.loads(seen)
+        assert obj["prompt"] == "a\ud800b"
+        assert obj["vllm_xargs"]["agentspec_stage"] == "S"
+
+
+def test_disconnect_mid_body_forwards_nothing():
+    app = EchoApp()
+    mw = AgentSpecHeaderMiddleware(app, tenant_keys=KEYS)
+    incoming = [
+        {"type": "http.request", "body": b'{"prompt": ', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-a")],
+    }
+    asyncio.run(mw(scope, receive, send))
+    assert sent == []
+    assert app.calls == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/messages",
+        "/invocations",
+        "/v1/chat/completions/batch",
+        "/v1/responses",
+        "/v1/chat/completions/",
+    ],
+)
+def test_every_json_generation_route_gets_the_key_tenant(path):
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=KEYS)
+    body = json.dumps({"messages": [], **ASK_B}).encode()
+    _, _, seen = run(mw, path=path, headers=[JSON, AUTH_A], body=body)
+    assert json.loads(seen)["vllm_xargs"] == {"agentspec_tenant": "team-a"}
+
+
+def test_token_generate_route_gets_the_key_tenant_in_extra_args():
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=KEYS)
+    path = "/inference/v1/generate"
+    body = {"token_ids": [1, 2], "sampling_params": {"extra_args": {"agentspec_tenant": "team-b"}}}
+    _, _, seen = run(mw, path=path, headers=[JSON, AUTH_A], body=json.dumps(body).encode())
+    assert json.loads(seen)["sampling_params"]["extra_args"] == {"agentspec_tenant": "team-a"}
+    body2 = {"token_ids": [1], "sampling_params": {"max_tokens": 3}}
+    _, _, seen = run(mw, path=path, headers=[JSON, AUTH_A], body=json.dumps(body2).encode())
+    assert json.loads(seen)["sampling_params"] == {
+        "max_tokens": 3,
+        "extra_args": {"agentspec_tenant": "team-a"},
+    }
+    sent, _, _ = run(mw, path=path, headers=[JSON, AUTH_A], body=b'{"token_ids": [1]}')
+    assert "sampling_params" in _error(sent, 400)["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/audio/transcriptions", "/v1/audio/translations"])
+def test_form_routes_are_refused_with_a_tenant_map(path):
+    app = EchoApp()
+    form = [("content-type", "multipart/form-data; boundary=b"), AUTH_A]
+    sent, _, _ = run(AgentSpecHeaderMiddleware(app, tenant_keys=KEYS), path=path, headers=form)
+    _error(sent, 400)
+    assert app.calls == []
+    _, _, seen = run(AgentSpecHeaderMiddleware(app, tenant_keys=None), path=path, body=b"f")
+    assert seen == b"f"
+
+
+def test_hashed_keys_in_the_map():
+    digest = hashlib.sha256(b"sk-hidden").hexdigest()
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys={f"sha256:{digest}": "team-h"})
+    auth = ("Authorization", "Bearer sk-hidden")
+    _, _, seen = run(mw, headers=[JSON, auth], body=b"{}")
+    assert json.loads(seen)["vllm_xargs"] == {"agentspec_tenant": "team-h"}
+    # The digest written in the file is not itself a key.
+    _, _, seen = run(mw, headers=[JSON, ("Authorization", f"Bearer sha256:{digest}")], body=b"{}")
+    assert json.loads(seen)["vllm_xargs"] == {"agentspec_tenant": "default"}
+
+
+def test_first_authorization_header_decides():
+    mw = AgentSpecHeaderMiddleware(EchoApp(), tenant_keys=KEYS)
+    headers = [JSON, ("Authorization", "Bearer sk-a"), ("Authorization", "Bearer sk-b")]
+    _, _, seen = run(mw, headers=headers, body=b"{}")
+    assert json.loads(seen)["vllm_xargs"] == {"agentspec_tenant": "team-a"}
+
+
+def test_the_loader_is_agentspecs():
+    assert load_tenant_keys is agentspec_load_tenant_keys
+    assert TENANT_KEYS_ENV == "AGENTSPEC_TENANT_KEYS"
