@@ -27,6 +27,8 @@ SOURCES = ("none", "global", "local", "merged")
 DraftResult = tuple[list[int], list[int], list[float], float, int, int]
 
 _UINT32_MAX = 2**32 - 1
+#: Largest vocab_size: token ids are int32 values >= 0, so 2**31 bounds nothing.
+_VOCAB_MAX = 2**31
 
 
 def check_max_depth(max_depth: object, name: str = "max_depth") -> int:
@@ -65,6 +67,11 @@ class DraftParams:
         min_score: drafts scoring below this are returned empty.
         max_pattern: longest pattern (context suffix) tried; 0 = max_depth-1.
         min_pattern: shortest pattern tried; 0 = 1.
+        vocab_size: the model's vocabulary size, or None (no bound).  A
+            token id >= vocab_size ends its branch: a chain stops before it,
+            a tree draft leaves it (and everything below it) out; the other
+            tokens keep their probabilities.  Shards learned from another
+            model's tokenizer then never put unverifiable ids in a draft.
 
     Instances are immutable and cache their C struct, so reusing one instance
     across calls is the cheap way to draft.
@@ -81,6 +88,7 @@ class DraftParams:
     min_score: float = 0.0
     max_pattern: int = 0
     min_pattern: int = 0
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         """Validate every field; bad values raise TypeError or InvalidArgumentError."""
@@ -94,6 +102,14 @@ class DraftParams:
             value = getattr(self, name)
             if type(value) is not int or not lo <= value <= hi:
                 object.__setattr__(self, name, as_int(value, name, lo, hi))
+        if self.vocab_size is not None and (
+            type(self.vocab_size) is not int or not 1 <= self.vocab_size <= _VOCAB_MAX
+        ):
+            object.__setattr__(
+                self,
+                "vocab_size",
+                as_int(self.vocab_size, "vocab_size", 1, _VOCAB_MAX, expected="an int or None"),
+            )
         _check_float("alpha", self.alpha)
         if self.alpha < 0:
             raise InvalidArgumentError("alpha must be >= 0", f"got {self.alpha}")
@@ -134,6 +150,7 @@ class DraftParams:
             float(self.offset),
             float(self.min_token_prob),
             float(self.min_score),
+            self.vocab_size or 0,
         )
 
 

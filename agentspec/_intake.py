@@ -6,12 +6,24 @@ under ``/v1/agentspec/`` to `ShardIntake.handle`, which returns a
 `WireResponse`.  The intake keeps one `SuffixTree` per shard key:
 
 * a snapshot (``PUT .../snapshot`` or ``POST .../snapshot-file``) is loaded
-  into a new tree outside the lock and swapped in atomically under it, so
-  readers see either the old or the new shard, never a half-loaded one;
+  into a new tree outside any lock and swapped in atomically, so readers see
+  either the old or the new shard, never a half-loaded one;
 * a delta (``POST .../delta``) is applied in place with `SuffixTree.load`,
   which validates the bytes before changing anything (malformed bytes: 400,
   the shard is unchanged) and skips ids already present, so a retried delta
   never counts a sequence twice.
+
+Shard bytes are checked before any tree is built: the fixed header first
+(`as_shard_peek`, O(1): a shard of another depth gets 409 whatever its
+size), then, when the intake knows the model's ``vocab_size``, every token
+id (`as_shard_max_token`, one pass over the bytes: a shard holding an id >=
+vocab_size gets 422 and changes nothing).  Building costs about tokens x
+depth; these checks cost at most one pass over bytes already in memory.
+
+Modifications of one shard are serialised by a lock of that key only (taken
+for a delta's apply and a snapshot's swap, never while a snapshot is built),
+so a large push to one key never delays pushes to other keys; a global lock
+guards only the dictionaries.
 
 Consumers (the proposer) read trees with `tree` and learn about changes
 through `add_listener`.  A tree refuses a modification while another thread
@@ -29,15 +41,17 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentspec import _lowlevel
 from agentspec._args import as_int
 from agentspec._draft import check_max_depth
 from agentspec._log import get_logger
@@ -82,6 +96,19 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 #: Bodies of refused requests up to this size are read (and dropped) before answering.
 _DRAIN_LIMIT = 1 << 20
 
+#: ``listen()`` backlog of `IntakeHTTPServer` (socketserver's default, 5, drops
+#: bursts of connections: clients then wait for SYN retransmits, or time out).
+LISTEN_BACKLOG = 1024
+
+#: Largest ``vocab_size``: token ids are int32 values >= 0.
+_VOCAB_MAX = 2**31
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
 Listener = Callable[[ShardKey, SuffixTree | None], None]
 
 
@@ -93,16 +120,52 @@ class _RefusedError(Exception):
         self.response = response
 
 
+class _KeyLocks:
+    """One lock per shard key, made on first use and dropped when no thread needs it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()  # guards _locks only; never held while waiting
+        self._locks: dict[ShardKey, list[Any]] = {}  # key -> [lock, threads using it]
+
+    @contextlib.contextmanager
+    def hold(self, key: ShardKey) -> Iterator[None]:
+        """Hold the lock of ``key`` for the ``with`` block."""
+        with self._guard:
+            entry = self._locks.get(key)
+            if entry is None:
+                entry = self._locks[key] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
+
+    def __len__(self) -> int:
+        """Keys with a lock in use (for tests)."""
+        with self._guard:
+            return len(self._locks)
+
+
 class ShardIntake:
     """Receives shards pushed by `ShardPusher` and holds the worker's trees.
 
     Args:
         api_key: when set, every request needs ``Authorization: Bearer <key>``.
-        max_depth: depth of every tree; shards of another depth get 409.
-        max_body_bytes: largest request body accepted (413 above).
+        max_depth: depth of every tree; shards of another depth get 409
+            (decided from the shard's header, before anything is built).
+        max_body_bytes: largest request body accepted (413 above), and
+            largest ``snapshot-file`` file.
         shm_dir: directory that ``snapshot-file`` paths must lie in (after
-            resolving symlinks); None refuses every ``snapshot-file`` (403).
+            resolving symlinks); only regular files are read.  None refuses
+            every ``snapshot-file`` (403).
         busy_timeout: seconds a delta waits for a tree's readers (then 503).
+        vocab_size: the served model's vocabulary size, or None.  When set,
+            a snapshot or delta holding a token id >= vocab_size is refused
+            with 422 ``out_of_vocabulary`` and the shard is left unchanged.
 
     Attributes:
         instance: a random id of this intake (uuid4 hex); a pusher that sees
@@ -119,6 +182,7 @@ class ShardIntake:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         shm_dir: str | os.PathLike[str] | None = None,
         busy_timeout: float = 1.0,
+        vocab_size: int | None = None,
     ) -> None:
         """Create an empty intake (see the class docstring for the arguments)."""
         max_depth = check_max_depth(max_depth)
@@ -128,10 +192,34 @@ class ShardIntake:
         self.max_body_bytes = max_body_bytes
         self.shm_dir: Path | None = None if shm_dir is None else Path(shm_dir).resolve()
         self.busy_timeout = float(busy_timeout)
+        self._vocab_size: int | None = None
+        self.vocab_size = vocab_size
         self._api_key = api_key or None
         self._trees: dict[ShardKey, SuffixTree] = {}
-        self._lock = threading.Lock()  # guards _trees and serialises modifications
+        # Each shard's list entry, computed after its last change (under its key
+        # lock, when no modification of it can run), so listing never reads a
+        # tree that a delta is modifying.
+        self._infos: dict[ShardKey, WorkerShard] = {}
+        self._lock = threading.Lock()  # guards _trees and _infos only (O(1) steps)
+        self._key_locks = _KeyLocks()  # serialise the modifications of one key
         self._listeners: list[Listener] = []
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary bound on token ids of pushed shards (None: no bound).
+
+        May be set later (e.g. once the model is loaded); it applies to the
+        requests that start checking after that.
+        """
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, value: int | None) -> None:
+        self._vocab_size = (
+            None
+            if value is None
+            else as_int(value, "vocab_size", 1, _VOCAB_MAX, expected="an int or None")
+        )
 
     # --- consumers --------------------------------------------------------
 
@@ -154,8 +242,7 @@ class ShardIntake:
     def shards(self) -> list[WorkerShard]:
         """The shard list of ``GET /v1/agentspec/shards``."""
         with self._lock:
-            items = list(self._trees.items())
-        return [_shard_info(k, t) for k, t in items]
+            return list(self._infos.values())
 
     # --- HTTP -------------------------------------------------------------
 
@@ -218,26 +305,35 @@ class ShardIntake:
             return self._delta(key, lower, body)
         except _RefusedError as r:
             return r.response
+        except Exception:  # a bug: logged, answered without internal text
+            _log.exception("agentspec.intake.internal_error", path=path[:200])
+            return self._error(500, "internal error", ErrorType.INTERNAL)
 
     # --- routes -----------------------------------------------------------
 
     def _delete(self, key: ShardKey) -> WireResponse:
         """DELETE: drop a shard (200 whether or not it existed)."""
-        with self._lock:
+        with self._key_locks.hold(key), self._lock:
             tree = self._trees.pop(key, None)
+            self._infos.pop(key, None)
         if tree is not None:
             self._notify(key, None)
         return self._ok({"deleted": tree is not None})
 
-    def _build(self, data: bytes | memoryview) -> SuffixTree:
-        """A new tree from snapshot bytes (no lock held)."""
+    def _check_shard(self, data: bytes | bytearray | memoryview) -> None:
+        """Refuse shard bytes before anything is built from them.
+
+        The header alone (O(1)) decides a malformed header (400) and a depth
+        mismatch (409); with a ``vocab_size``, one pass over the validated
+        bytes finds their largest token id (422 when outside the vocabulary).
+        Building a tree costs about tokens x depth, so a shard that will be
+        refused never costs more than reading it.
+        """
         try:
-            tree = SuffixTree.from_bytes(data)
+            _, depth, _, _ = _lowlevel.shard_peek(data)
         except ShardFormatError as e:
             raise _RefusedError(self._format_error(e)) from None
-        if tree.max_depth != self.max_depth:
-            depth = tree.max_depth
-            tree.close()
+        if depth != self.max_depth:
             raise _RefusedError(
                 self._error(
                     409,
@@ -245,15 +341,44 @@ class ShardIntake:
                     ErrorType.DEPTH_MISMATCH,
                 )
             )
+        vocab = self._vocab_size
+        if vocab is not None:
+            try:
+                top = _lowlevel.shard_max_token(data)
+            except ShardFormatError as e:
+                raise _RefusedError(self._format_error(e)) from None
+            if top >= vocab:
+                raise _RefusedError(
+                    self._error(
+                        422,
+                        f"shard holds token id {top}, outside the worker's vocabulary "
+                        f"of {vocab} tokens (ids 0..{vocab - 1}); was it learned with "
+                        "another tokenizer?",
+                        ErrorType.OUT_OF_VOCABULARY,
+                    )
+                )
+
+    def _build(self, data: bytes | bytearray | memoryview) -> SuffixTree:
+        """A new tree from snapshot bytes, checked first (no lock held)."""
+        self._check_shard(data)
+        try:
+            tree = SuffixTree.from_bytes(data)
+        except ShardFormatError as e:
+            raise _RefusedError(self._format_error(e)) from None
+        if tree.max_depth != self.max_depth:  # the header said otherwise: cannot happen
+            tree.close()
+            raise _RefusedError(self._error(409, "shard depth mismatch", ErrorType.DEPTH_MISMATCH))
         return tree
 
     def _replace(self, key: ShardKey, tree: SuffixTree) -> WireResponse:
         """Swap a freshly built tree in; the old one is left to its readers."""
-        with self._lock:
+        info = _shard_info(key, tree)  # nobody else holds the new tree yet
+        with self._key_locks.hold(key), self._lock:
             self._trees[key] = tree
+            self._infos[key] = info
         self._notify(key, tree)
-        _log.debug("agentspec.intake.snapshot", key=key, sequences=len(tree))
-        return self._ok(_shard_info(key, tree).to_json())
+        _log.debug("agentspec.intake.snapshot", key=key, sequences=info.sequences)
+        return self._ok(info.to_json())
 
     def _delta(self, key: ShardKey, headers: Mapping[str, str], body: bytes) -> WireResponse:
         """POST delta: apply in place (validated first, idempotent)."""
@@ -267,8 +392,9 @@ class ShardIntake:
                     ErrorType.INSTANCE_MISMATCH,
                 )
             )
+        self._check_shard(body)
         deadline = time.monotonic() + self.busy_timeout
-        with self._lock:
+        with self._key_locks.hold(key):
             tree = self._trees.get(key)
             fresh = tree is None
             if tree is None:
@@ -302,10 +428,13 @@ class ShardIntake:
                             )
                         ) from None
                     time.sleep(0.001)
-            if fresh:
-                self._trees[key] = tree
+            info = _shard_info(key, tree)
+            with self._lock:
+                if fresh:
+                    self._trees[key] = tree
+                self._infos[key] = info
         self._notify(key, tree)
-        return self._ok(_shard_info(key, tree).to_json())
+        return self._ok(info.to_json())
 
     def _snapshot_file(
         self, key: ShardKey, headers: Mapping[str, str], body: bytes
@@ -329,29 +458,79 @@ class ShardIntake:
             raise _RefusedError(
                 self._error(403, "snapshot files are disabled on this worker", ErrorType.FORBIDDEN)
             )
-        resolved = Path(raw).resolve()
-        if not resolved.is_relative_to(self.shm_dir) or resolved == self.shm_dir:
+        return self._replace(key, self._build(self._read_shm_file(raw, self.shm_dir)))
+
+    def _read_shm_file(self, raw: str, shm: Path) -> bytearray:
+        """The bytes of a snapshot file strictly under ``shm`` (refusals raise).
+
+        Symlinks are resolved first and the result must lie under ``shm``
+        (403 otherwise).  The file is then opened relative to ``shm`` one
+        component at a time with O_NOFOLLOW, so a path changed into a symlink
+        after the check fails instead of leading elsewhere; O_NONBLOCK keeps
+        a FIFO from blocking the handler.  Only a regular file (checked on the
+        opened descriptor) of at most ``max_body_bytes`` is read (400, 413).
+        """
+        try:
+            os.fsencode(raw)
+            resolved = Path(raw).resolve()
+        except (OSError, RuntimeError, ValueError):  # not encodable, a symlink loop
+            raise _RefusedError(
+                self._error(400, "cannot resolve the snapshot file path", ErrorType.INVALID_REQUEST)
+            ) from None
+        if not resolved.is_relative_to(shm) or resolved == shm:
             raise _RefusedError(
                 self._error(
-                    403,
-                    f"path is outside the allowed directory {self.shm_dir}",
-                    ErrorType.FORBIDDEN,
+                    403, f"path is outside the allowed directory {shm}", ErrorType.FORBIDDEN
                 )
             )
+        parts = resolved.relative_to(shm).parts
         try:
-            fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    data = f.read()
-            finally:
-                os.close(fd)
+            fd = _open_beneath(shm, parts)
         except OSError as e:
             raise _RefusedError(
                 self._error(
-                    400, f"cannot read snapshot file: {e.strerror}", ErrorType.INVALID_REQUEST
+                    400,
+                    f"cannot open snapshot file: {e.strerror or 'error'}",
+                    ErrorType.INVALID_REQUEST,
                 )
             ) from None
-        return self._replace(key, self._build(data))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _RefusedError(
+                    self._error(
+                        400, "snapshot file is not a regular file", ErrorType.INVALID_REQUEST
+                    )
+                )
+            size = st.st_size
+            if size > self.max_body_bytes:
+                raise _RefusedError(
+                    self._error(
+                        413,
+                        f"snapshot file of {size} bytes exceeds the limit of {self.max_body_bytes}",
+                        ErrorType.PAYLOAD_TOO_LARGE,
+                    )
+                )
+            data = bytearray(size)
+            try:
+                got = _read_into(fd, data)
+            except OSError as e:
+                raise _RefusedError(
+                    self._error(
+                        400,
+                        f"cannot read snapshot file: {e.strerror or 'error'}",
+                        ErrorType.INVALID_REQUEST,
+                    )
+                ) from None
+            if got != size:
+                raise _RefusedError(
+                    self._error(
+                        400, "snapshot file changed while being read", ErrorType.INVALID_REQUEST
+                    )
+                )
+            return data
+        finally:
+            os.close(fd)
 
     # --- helpers ----------------------------------------------------------
 
@@ -404,6 +583,43 @@ class ShardIntake:
         return self._error(400, f"malformed shard bytes: {e}", ErrorType.SHARD_FORMAT)
 
 
+def _open_beneath(base: Path, parts: tuple[str, ...]) -> int:
+    """Open ``base/parts...`` for reading without following any symlink below ``base``.
+
+    Directories are opened with O_DIRECTORY | O_NOFOLLOW one at a time, the
+    file with O_NOFOLLOW | O_NONBLOCK (a FIFO opens at once instead of
+    waiting for a writer; reading a regular file is unaffected).
+    """
+    dirfd = os.open(base, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+            os.close(dirfd)
+            dirfd = nxt
+        return os.open(
+            parts[-1],
+            os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_NOCTTY | _O_CLOEXEC,
+            dir_fd=dirfd,
+        )
+    finally:
+        os.close(dirfd)
+
+
+def _read_into(fd: int, buf: bytearray) -> int:
+    """Fill ``buf`` from ``fd``; the number of bytes read (short at end of file)."""
+    view = memoryview(buf)
+    got = 0
+    try:
+        while got < len(buf):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break
+            got += n
+    finally:
+        view.release()
+    return got
+
+
 def _shard_info(key: ShardKey, tree: SuffixTree) -> WorkerShard:
     """The list entry of one shard."""
     st = tree.stats()
@@ -423,6 +639,9 @@ class IntakeHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    #: ``listen()`` backlog: a burst of pushers (or clients) is queued by the
+    #: kernel instead of dropped (socketserver's default is 5).
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,
@@ -587,12 +806,18 @@ def serve_intake(
     port: int = 0,
     *,
     handler: type[IntakeRequestHandler] | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[IntakeHTTPServer, threading.Thread]:
     """Serve ``intake`` over HTTP on a daemon thread; returns ``(server, thread)``.
 
     Port 0 picks a free port (``server.port``).  Stop with
-    ``server.stop(thread)``.
+    ``server.stop(thread)``.  ``vocab_size``, when given, sets
+    ``intake.vocab_size`` (shards holding ids outside the vocabulary get 422);
+    None leaves the intake's own setting.  The listen backlog is
+    `LISTEN_BACKLOG` (1024).
     """
+    if vocab_size is not None:
+        intake.vocab_size = vocab_size
     server = IntakeHTTPServer((host, as_int(port, "port")), intake, handler)
     thread = threading.Thread(
         target=server.serve_forever,

@@ -70,6 +70,8 @@ __all__ = [
     "lib",
     "new_params",
     "release",
+    "shard_max_token",
+    "shard_peek",
     "strerror",
     "token_detail",
     "tree_add",
@@ -358,6 +360,29 @@ def tree_load(tree: CData, data: object) -> None:
     check(lib.as_tree_load(tree, buf, len(buf)))
 
 
+def shard_peek(data: object) -> tuple[int, int, int, int]:
+    """``(kind, max_depth, n_sequences, n_removals)`` from the header alone (O(1)).
+
+    Raises the ShardFormatError family for a bad header; the checksum and the
+    payload are not read, so success does not mean the bytes are valid.
+    """
+    buf = uint8_ptr(data)
+    kind = ffi.new("uint32_t *")
+    depth = ffi.new("uint32_t *")
+    nseq = ffi.new("uint64_t *")
+    nrem = ffi.new("uint64_t *")
+    check(lib.as_shard_peek(buf, len(buf), kind, depth, nseq, nrem))
+    return int(kind[0]), int(depth[0]), int(nseq[0]), int(nrem[0])
+
+
+def shard_max_token(data: object) -> int:
+    """Validate shard bytes and return their largest token id (-1: no token)."""
+    buf = uint8_ptr(data)
+    top = ffi.new("int32_t *")
+    check(lib.as_shard_max_token(buf, len(buf), top))
+    return int(top[0])
+
+
 # --- cursors --------------------------------------------------------------
 
 
@@ -399,13 +424,15 @@ def new_params(
     offset: float,
     min_token_prob: float,
     min_score: float,
+    vocab_size: int = 0,
 ) -> CData:
-    """An ``as_draft_params`` struct (values already validated)."""
+    """An ``as_draft_params`` struct (values already validated; vocab_size 0: no bound)."""
     p = ffi.new("as_draft_params *")
     p.max_spec_tokens = max_spec_tokens
     p.max_pattern = max_pattern
     p.min_pattern = min_pattern
     p.flags = flags
+    p.vocab_size = vocab_size
     p.alpha = alpha
     p.offset = offset
     p.min_token_prob = min_token_prob

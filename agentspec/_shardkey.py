@@ -36,7 +36,8 @@ _NAME_RE = re.compile(rf"(?:[0-9a-f]{{2}}){{1,{_MAX_HEX_NAME // 2}}}|h[0-9a-f]{{
 
 
 def check_component(value: object, label: str, *, optional: bool = False) -> str | None:
-    """Validate one name (a key component or a tag): 1..128 characters, no control character.
+    """Validate one name (a key component or a tag): 1..128 characters, no control
+    character, encodable as UTF-8 (no lone surrogate).
 
     ``label`` names it in the error (``"shard key stage"``, ``"session"``).
     """
@@ -56,6 +57,14 @@ def check_component(value: object, label: str, *, optional: bool = False) -> str
             raise InvalidArgumentError(
                 f"{label} contains a control character", f"{ord(ch):#x} at index {i}"
             )
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 (file names, JSON, wire)
+            raise InvalidArgumentError(
+                f"{label} is not encodable as UTF-8 (a lone surrogate)",
+                f"{ord(value[e.start]):#x} at index {e.start}",
+            ) from None
     return value
 
 
@@ -64,7 +73,8 @@ def check_key(key: object) -> ShardKey:
 
     Raises:
         InvalidArgumentError: not a 3-item sequence of (str, str | None,
-        str | None), an empty or over-long component, or a control character.
+        str | None), an empty or over-long component, a control character, or
+        a component that is not encodable as UTF-8 (a lone surrogate).
     """
     if isinstance(key, (str, bytes)) or not isinstance(key, Sequence) or len(key) != 3:
         raise InvalidArgumentError(

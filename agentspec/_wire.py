@@ -118,6 +118,8 @@ class ErrorType:
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     LENGTH_REQUIRED = "length_required"
     BUSY = "busy"
+    OUT_OF_VOCABULARY = "out_of_vocabulary"
+    INTERNAL = "server_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +201,8 @@ def check_shard_key(key: object) -> ShardKey:
 
     Raises:
         InvalidArgumentError: not a 3-tuple of a str and two str-or-None, each
-            of 1..128 characters without NUL or control characters.
+            of 1..128 characters without NUL or control characters and
+            encodable as UTF-8 (no lone surrogate).
     """
     return check_key(key)
 
@@ -217,13 +220,23 @@ def encode_key_query(key: ShardKey) -> str:
 def decode_key_query(query: str) -> ShardKey:
     """Parse a query string into a shard key (absent tenant = ``"default"``).
 
+    The query must be ASCII (as `encode_key_query` writes it: every other
+    character percent-encoded) and its escapes must decode as UTF-8.
+
     Raises:
-        InvalidArgumentError: unknown or repeated parameters, an invalid key.
+        InvalidArgumentError: a non-ASCII query, escapes that are not UTF-8,
+            unknown or repeated parameters, an invalid key.
     """
+    if not query.isascii():
+        raise InvalidArgumentError("malformed query string", "non-ASCII characters")
     try:
-        params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+        params = parse_qs(
+            query, keep_blank_values=True, strict_parsing=bool(query), errors="strict"
+        )
+    except UnicodeDecodeError:  # a ValueError: test it first
+        raise InvalidArgumentError("malformed query string", "escapes are not UTF-8") from None
     except ValueError as e:
-        raise InvalidArgumentError("malformed query string", str(e)) from None
+        raise InvalidArgumentError("malformed query string", str(e)[:200]) from None
     unknown = sorted(set(params) - set(_KEY_PARAMS))
     if unknown:
         raise InvalidArgumentError("unknown query parameters", ", ".join(unknown)[:200])

@@ -97,6 +97,9 @@ int as_tree_save_delta(const as_tree *tree, const int64_t *seq_ids, size_t n_ids
                        uint8_t *buf, size_t cap, size_t *written);
 int as_shard_inspect(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *max_depth,
                      uint64_t *n_sequences, uint64_t *n_removals, uint64_t *n_tokens);
+int as_shard_peek(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *max_depth,
+                  uint64_t *n_sequences, uint64_t *n_removals);
+int as_shard_max_token(const uint8_t *buf, size_t len, int32_t *max_token);
 int as_tree_load(as_tree *tree, const uint8_t *buf, size_t len);
 as_tree *as_tree_from_bytes(const uint8_t *buf, size_t len, int *status);
 
@@ -124,6 +127,7 @@ typedef struct as_draft_params {
     uint32_t max_pattern;
     uint32_t min_pattern;
     uint32_t flags;
+    uint32_t vocab_size;
     double alpha;
     double offset;
     double min_token_prob;

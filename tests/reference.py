@@ -56,6 +56,7 @@ class RefParams:
     min_score: float = 0.0
     max_pattern: int = 0
     min_pattern: int = 0
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,18 @@ def _sorted_children(children: Children, x: tuple[int, ...]) -> tuple[list[tuple
     return sorted(kids.items(), key=lambda kv: (-kv[1], kv[0])), total
 
 
+def _in_vocab(tok: int, vocab: int | None) -> bool:
+    """Whether a drafted token is below the vocabulary bound (None: no bound)."""
+    return vocab is None or tok < vocab
+
+
 def linear_draft(
-    children: Children, x: tuple[int, ...], limit: int, min_prob: float
+    children: Children, x: tuple[int, ...], limit: int, min_prob: float, vocab: int | None = None
 ) -> list[tuple[int, int, float]]:
-    """Greedy chain of best children from x: (token, parent, prob) triples."""
+    """Greedy chain of best children from x: (token, parent, prob) triples.
+
+    The chain stops before a token outside the vocabulary.
+    """
     out: list[tuple[int, int, float]] = []
     d = 1.0
     while len(out) < limit:
@@ -143,6 +152,8 @@ def linear_draft(
         if not kids:
             break
         tok, cnt = kids[0]
+        if not _in_vocab(tok, vocab):
+            break
         d = d * (float(cnt) / float(total))
         if d < min_prob:
             break
@@ -152,9 +163,12 @@ def linear_draft(
 
 
 def tree_draft(
-    children: Children, x: tuple[int, ...], limit: int, min_prob: float
+    children: Children, x: tuple[int, ...], limit: int, min_prob: float, vocab: int | None = None
 ) -> list[tuple[int, int, float]]:
-    """Best-first tree draft from x: (token, parent, prob) triples."""
+    """Best-first tree draft from x: (token, parent, prob) triples.
+
+    A child outside the vocabulary is never pushed (nor anything below it).
+    """
     out: list[tuple[int, int, float]] = []
     heap: list[tuple[float, int, tuple[int, ...], int]] = []
     order = 0
@@ -166,6 +180,8 @@ def tree_draft(
             d = d_node * (float(cnt) / float(total))
             if d < min_prob:
                 break
+            if not _in_vocab(tok, vocab):
+                continue
             heapq.heappush(heap, (-d, order, (*node, tok), parent_index))
             order += 1
 
@@ -206,7 +222,11 @@ def draft_one_tree(
             continue  # not a candidate
         limit = budget(p, params)
         grow = tree_draft if params.tree else linear_draft
-        draft = grow(children, pattern, limit, params.min_token_prob) if limit > 0 else []
+        draft = (
+            grow(children, pattern, limit, params.min_token_prob, params.vocab_size)
+            if limit > 0
+            else []
+        )
         score = 0.0
         for _, _, d in draft:
             score += d

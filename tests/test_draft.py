@@ -41,6 +41,7 @@ def test_params_defaults_match_the_contract() -> None:
         "min_score": 0.0,
         "max_pattern": 0,
         "min_pattern": 0,
+        "vocab_size": None,
     }
 
 

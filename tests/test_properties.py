@@ -67,6 +67,8 @@ def params_st(draw: st.DrawFn, depth: int) -> RefParams:
         # min_pattern > max_pattern (with max_pattern set) is refused: see test_bad_input.
         min_pattern=draw(st.integers(0, min(3, max_pattern) if max_pattern else 3)),
         max_pattern=max_pattern,
+        # a vocabulary bound inside or above the alphabets (None: no bound)
+        vocab_size=draw(st.sampled_from([None, None, None, 1, 2, 5, 8, 100_000, BIG])),
     )
 
 

@@ -8,10 +8,13 @@
  * holding sequences the shard may name, or of another depth).
  *
  * Properties (any violation aborts):
- *   - as_shard_inspect, as_tree_from_bytes and as_tree_load never crash,
+ *   - as_shard_inspect, as_shard_peek, as_shard_max_token, as_tree_from_bytes
+ *     and as_tree_load never crash,
  *     leak, or read out of bounds, whatever the bytes;
  *   - a failed load leaves the tree exactly as it was;
  *   - load succeeds only if inspect does, and a parse error is the same code;
+ *   - peek accepts what inspect accepts (same header fields); max_token fails
+ *     exactly when inspect does and is -1 only without tokens;
  *   - a tree made from bytes is sound (as_tree_check), has the inspected
  *     depth, sequence and token counts, and survives save -> from_bytes
  *     with identical stats and identical bytes.
@@ -118,6 +121,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_ASSERT(kind <= AS_SHARD_DELTA && depth >= 2 && depth <= AS_MAX_DEPTH_LIMIT);
         FZ_ASSERT(nrem * 8 + nseq * 12 + ntok * 4 == len - AS_SHARD_HEADER_BYTES);
         FZ_ASSERT(kind == AS_SHARD_DELTA || nrem == 0);
+    }
+    /* peek (header only) accepts whatever inspect accepts, with the same fields;
+     * max_token agrees with inspect on validity */
+    uint32_t pkind = 9, pdepth = 0;
+    uint64_t pnseq = 0, pnrem = 0;
+    int pst = as_shard_peek(buf, len, &pkind, &pdepth, &pnseq, &pnrem);
+    int32_t top = -2;
+    int mst = as_shard_max_token(buf, len, &top);
+    FZ_ASSERT(mst == ist);
+    if (ist == AS_OK) {
+        FZ_ASSERT(pst == AS_OK && pkind == kind && pdepth == depth && pnseq == nseq && pnrem == nrem);
+        FZ_ASSERT(ntok == 0 ? top == -1 : top >= 0);
+    } else if (pst == AS_OK) {
+        FZ_ASSERT(ist == AS_ERR_CHECKSUM || ist == AS_ERR_FORMAT);
+    } else {
+        /* the header checks give inspect's code; the count checks (FORMAT) run
+         * before the checksum in peek, after it in inspect */
+        FZ_ASSERT(pst == ist || (pst == AS_ERR_FORMAT && ist == AS_ERR_CHECKSUM));
     }
 
     /* from_bytes */

@@ -195,6 +195,20 @@ int as_tree_save_delta(const as_tree *tree, const int64_t *seq_ids, size_t n_ids
 int as_shard_inspect(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *max_depth,
                      uint64_t *n_sequences, uint64_t *n_removals, uint64_t *n_tokens);
 
+/* Read the fixed header only, in O(1): magic, version, kind, reserved field,
+ * max_depth range, payload_bytes against len (AS_ERR_TRUNCATED short,
+ * AS_ERR_FORMAT trailing bytes) and counts that cannot fit the payload.  The
+ * checksum and the payload are NOT read: AS_OK does not mean the bytes are
+ * valid.  For refusing a shard cheaply (e.g. of another depth) before
+ * validating or loading it.  Optional outputs may be NULL. */
+int as_shard_peek(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *max_depth,
+                  uint64_t *n_sequences, uint64_t *n_removals);
+
+/* Validate shard bytes as as_shard_inspect does and store the largest token
+ * id of their sequences in *max_token (-1 when they hold no token), e.g. to
+ * refuse shards holding ids outside a model's vocabulary.  O(len). */
+int as_shard_max_token(const uint8_t *buf, size_t len, int32_t *max_token);
+
 /* Apply shard bytes to a tree.  A snapshot requires an empty tree
  * (AS_ERR_INVALID_ARG otherwise) and is all-or-nothing; a delta
  * removes the listed ids (absent ids are skipped), then adds its sequences
@@ -239,13 +253,16 @@ typedef struct as_draft_params {
     uint32_t max_pattern;     /* longest pattern tried; 0 = max_depth-1 */
     uint32_t min_pattern;     /* shortest pattern tried; 0 = 1 */
     uint32_t flags;           /* AS_DRAFT_* */
+    uint32_t vocab_size;      /* 0: no bound; else a token >= vocab_size ends its
+                                 branch (a chain stops before it, a tree draft
+                                 skips it and its subtree) */
     double alpha;             /* max_spec_factor (>= 0): draft <= alpha*p + offset */
     double offset;            /* max_spec_offset */
     double min_token_prob;    /* drop tokens with D below this */
     double min_score;         /* drafts scoring below this are returned empty */
 } as_draft_params;
 
-/* Defaults: 32 tokens, alpha 1, offset 0, min_token_prob 0.1, linear. */
+/* Defaults: 32 tokens, alpha 1, offset 0, min_token_prob 0.1, linear, no vocab bound. */
 void as_draft_params_default(as_draft_params *p);
 
 /* One draft, written into caller buffers of capacity cap (>= the number of

@@ -15,7 +15,10 @@
  * a compressed edge there is exactly one child, so D is unchanged there.
  * The draft for pattern length p holds at most
  * B(p) = min(max_spec_tokens, floor(alpha * p + offset + 1e-6)) tokens (the
- * 1e-6 keeps e.g. 0.7 * 10 from flooring to 6).
+ * 1e-6 keeps e.g. 0.7 * 10 from flooring to 6).  With a vocabulary bound
+ * (params->vocab_size != 0) a token >= vocab_size ends its branch: a linear
+ * draft stops before it, a tree draft never pushes it; D of the other
+ * children is unchanged (the out-of-vocabulary counts still share the mass).
  *
  * Choosing.  score = sum of D over the draft.  Since a draft of b tokens
  * scores at most b, candidates are tried in order of their bound
@@ -211,6 +214,13 @@ static void sort_conts(cont *c, uint32_t n) {
 
 /* ---------- growing ---------------------------------------------------- */
 
+/* Whether a drafted token is below the vocabulary bound (0: no bound).  A
+ * token outside it ends its branch: linear drafts stop before it, tree
+ * drafts never push it (nor, therefore, anything below it). */
+static inline int in_vocab(int32_t tok, uint32_t vocab) {
+    return vocab == 0 || (uint32_t)tok < vocab;
+}
+
 typedef struct grown {
     uint32_t n;
     double score;
@@ -218,7 +228,7 @@ typedef struct grown {
 
 /* Linear draft over a merged point. */
 static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
-                         uint32_t budget, double min_prob, int buf, grown *g) {
+                         uint32_t budget, double min_prob, uint32_t vocab, int buf, grown *g) {
     g->n = 0;
     g->score = 0.0;
     double d = 1.0;
@@ -233,6 +243,7 @@ static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_
             total += sc->conts[i].cnt;
             if (i > 0 && cont_before(&sc->conts[i], &sc->conts[b])) b = i;
         }
+        if (!in_vocab(sc->conts[b].tok, vocab)) break;
         d = d * ((double)sc->conts[b].cnt / (double)total);
         if (d < min_prob) break;
         sc->tok[buf][g->n] = sc->conts[b].tok;
@@ -279,7 +290,7 @@ static heap_ent heap_pop(heap_ent *h, uint32_t *n) {
 /* Push the children of mp (D = d) that pass the cut, at most `room`. */
 static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, double d,
                          int32_t parent, uint32_t depth, uint32_t dcap, double min_prob,
-                         uint32_t room, uint32_t *hn, uint64_t *order) {
+                         uint32_t vocab, uint32_t room, uint32_t *hn, uint64_t *order) {
     if (depth >= dcap || room == 0) return AS_OK;
     /* One tree: if even the most frequent child misses the cut, none passes --
      * decided in O(1) instead of listing every child of a busy node. */
@@ -305,11 +316,11 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
     if (n == 0) return AS_OK;
     uint64_t total = 0;
     for (uint32_t i = 0; i < n; i++) total += sc->conts[i].cnt;
-    /* keep those whose D passes the cut, then order them */
+    /* keep those whose D passes the cut (and in the vocabulary), then order them */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         double dc = d * ((double)sc->conts[i].cnt / (double)total);
-        if (dc >= min_prob) sc->conts[k++] = sc->conts[i];
+        if (dc >= min_prob && in_vocab(sc->conts[i].tok, vocab)) sc->conts[k++] = sc->conts[i];
     }
     sort_conts(sc->conts, k);
     if (k > room) k = room;
@@ -329,12 +340,12 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
 }
 
 static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
-                      uint32_t budget, double min_prob, int buf, grown *g) {
+                      uint32_t budget, double min_prob, uint32_t vocab, int buf, grown *g) {
     g->n = 0;
     g->score = 0.0;
     uint32_t hn = 0;
     uint64_t order = 0;
-    int rc = push_children(sc, cand, &mp, 1.0, -1, plen, dcap, min_prob, budget, &hn, &order);
+    int rc = push_children(sc, cand, &mp, 1.0, -1, plen, dcap, min_prob, vocab, budget, &hn, &order);
     while (rc == AS_OK && g->n < budget && hn > 0) {
         heap_ent e = heap_pop(sc->heap, &hn);
         uint32_t idx = g->n++;
@@ -342,7 +353,7 @@ static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t p
         sc->par[buf][idx] = e.parent;
         sc->prob[buf][idx] = (float)e.d;
         g->score += e.d;
-        rc = push_children(sc, cand, &e.pt, e.d, (int32_t)idx, e.depth, dcap, min_prob,
+        rc = push_children(sc, cand, &e.pt, e.d, (int32_t)idx, e.depth, dcap, min_prob, vocab,
                            budget - g->n, &hn, &order);
     }
     return rc;
@@ -483,7 +494,7 @@ static uint32_t pt_count(const as_tree *t, const point *pts, uint32_t p) {
 
 /* Walk at most `cap` tokens from p, keeping the score of every prefix in sc->sum. */
 static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, double min_prob,
-                         int buf) {
+                         uint32_t vocab, int buf) {
     int32_t *tok = sc->tok[buf], *par = sc->par[buf];
     float *prob = sc->prob[buf];
     double *sum = sc->sum;
@@ -503,7 +514,7 @@ static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, d
             p.node = c;
             p.x++;
         }
-        if (d < min_prob) break;
+        if (d < min_prob || !in_vocab(key, vocab)) break;
         tok[n] = key;
         par[n] = (int32_t)n - 1;
         prob[n] = (float)d;
@@ -541,7 +552,7 @@ static void search_runs(scratch *sc, const as_tree *t, const point *pts, const a
         uint32_t cap = run_max_bound(prm, dcap, q, lo, hi);
         if (cap > 0 && wins(best, side, hi, (double)cap)) {
             int buf = 1 - best->buf;
-            uint32_t n = run_walk(sc, t, pts[lo], cap, prm->min_token_prob, buf);
+            uint32_t n = run_walk(sc, t, pts[lo], cap, prm->min_token_prob, prm->vocab_size, buf);
             /* the longest p whose draft is longest: n(p) = min(bound(p), n) */
             uint32_t want = n < cap ? n : cap, bp = lo, bn = 0;
             for (uint32_t p = hi;; p--) {
@@ -608,8 +619,10 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
         mpoint mp;
         if (!merged_point(cand, mask, p, &mp)) continue;
         grown g;
-        int rc = tree_mode ? tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g)
-                           : linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob, buf, &g);
+        int rc = tree_mode ? tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob,
+                                        prm->vocab_size, buf, &g)
+                           : linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob,
+                                           prm->vocab_size, buf, &g);
         if (rc != AS_OK) return rc;
         if (g.n > 0 && wins(best, side, p, g.score)) {
             best->buf = buf;

@@ -165,11 +165,14 @@ typedef struct shard_view {
     uint32_t kind, max_depth;
     uint64_t n_seq, n_rem, n_tokens;
     uint32_t longest;
+    int32_t max_token; /* -1 when no sequence holds a token */
     const uint8_t *rem;  /* n_rem x 8 bytes */
     const uint8_t *seqs; /* first sequence record */
 } shard_view;
 
-static int parse(const uint8_t *buf, size_t len, shard_view *v) {
+/* The fixed header alone: magic, version, kind, reserved, max_depth and the
+ * payload length against len.  O(1); the checksum and the payload are not read. */
+static int parse_header(const uint8_t *buf, size_t len, shard_view *v, uint64_t *payload) {
     if (buf == NULL) return AS_ERR_INVALID_ARG;
     if (len < AS_SHARD_HEADER_BYTES) return AS_ERR_TRUNCATED;
     if (memcmp(buf, MAGIC, 4) != 0) return AS_ERR_FORMAT;
@@ -180,10 +183,17 @@ static int parse(const uint8_t *buf, size_t len, shard_view *v) {
     if (v->max_depth < 2 || v->max_depth > AS_MAX_DEPTH_LIMIT) return AS_ERR_FORMAT;
     v->n_seq = get64(buf + 16);
     v->n_rem = get64(buf + 24);
-    uint64_t payload = get64(buf + 32);
+    *payload = get64(buf + 32);
     uint64_t avail = (uint64_t)len - AS_SHARD_HEADER_BYTES;
-    if (payload > avail) return AS_ERR_TRUNCATED;
-    if (payload < avail) return AS_ERR_FORMAT; /* trailing bytes */
+    if (*payload > avail) return AS_ERR_TRUNCATED;
+    if (*payload < avail) return AS_ERR_FORMAT; /* trailing bytes */
+    return AS_OK;
+}
+
+static int parse(const uint8_t *buf, size_t len, shard_view *v) {
+    uint64_t payload = 0;
+    int rc = parse_header(buf, len, v, &payload);
+    if (rc != AS_OK) return rc;
     const uint8_t *p = buf + AS_SHARD_HEADER_BYTES;
     if (shard_checksum(buf, (size_t)payload) != get64(buf + 40)) return AS_ERR_CHECKSUM;
     if (v->kind == AS_SHARD_SNAPSHOT && v->n_rem != 0) return AS_ERR_FORMAT;
@@ -194,18 +204,23 @@ static int parse(const uint8_t *buf, size_t len, shard_view *v) {
     v->seqs = p + off;
     v->n_tokens = 0;
     v->longest = 0;
+    uint32_t top = 0;
     for (uint64_t s = 0; s < v->n_seq; s++) {
         if (payload - off < 12) return AS_ERR_FORMAT;
         uint32_t n = get32(p + off + 8);
         off += 12;
         if ((uint64_t)n > (payload - off) / 4) return AS_ERR_FORMAT;
-        for (uint32_t k = 0; k < n; k++)
-            if (get32(p + off + 4 * (uint64_t)k) > (uint32_t)INT32_MAX) return AS_ERR_FORMAT;
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t tok = get32(p + off + 4 * (uint64_t)k);
+            if (tok > (uint32_t)INT32_MAX) return AS_ERR_FORMAT;
+            if (tok > top) top = tok;
+        }
         off += 4 * (uint64_t)n;
         v->n_tokens += n;
         if (n > v->longest) v->longest = n;
     }
     if (off != payload) return AS_ERR_FORMAT;
+    v->max_token = v->n_tokens > 0 ? (int32_t)top : -1;
     return AS_OK;
 }
 
@@ -219,6 +234,32 @@ int as_shard_inspect(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *m
     if (n_sequences) *n_sequences = v.n_seq;
     if (n_removals) *n_removals = v.n_rem;
     if (n_tokens) *n_tokens = v.n_tokens;
+    return AS_OK;
+}
+
+int as_shard_peek(const uint8_t *buf, size_t len, uint32_t *kind, uint32_t *max_depth,
+                  uint64_t *n_sequences, uint64_t *n_removals) {
+    shard_view v;
+    uint64_t payload = 0;
+    int rc = parse_header(buf, len, &v, &payload);
+    if (rc != AS_OK) return rc;
+    /* counts that cannot fit the payload (the same checks as parse) */
+    if (v.kind == AS_SHARD_SNAPSHOT && v.n_rem != 0) return AS_ERR_FORMAT;
+    if (v.n_rem > payload / 8) return AS_ERR_FORMAT;
+    if (v.n_seq > (payload - v.n_rem * 8) / 12) return AS_ERR_FORMAT;
+    if (kind) *kind = v.kind;
+    if (max_depth) *max_depth = v.max_depth;
+    if (n_sequences) *n_sequences = v.n_seq;
+    if (n_removals) *n_removals = v.n_rem;
+    return AS_OK;
+}
+
+int as_shard_max_token(const uint8_t *buf, size_t len, int32_t *max_token) {
+    if (max_token == NULL) return AS_ERR_INVALID_ARG;
+    shard_view v;
+    int rc = parse(buf, len, &v);
+    if (rc != AS_OK) return rc;
+    *max_token = v.max_token;
     return AS_OK;
 }
 

@@ -87,6 +87,72 @@ static void test_params_default(void) {
     CHECK_EQ_DBL(p.offset, 0.0);
     CHECK_EQ_DBL(p.min_token_prob, 0.1);
     CHECK_EQ_DBL(p.min_score, 0.0);
+    CHECK_EQ_INT(p.vocab_size, 0);
+}
+
+/* vocab_size: a token >= vocab_size ends its branch (chain: stop before it;
+ * tree: skip it and its subtree), D of the others is unchanged. */
+static void test_vocab_bound(void) {
+    /* [1,2,3,50,6] twice, [1,2,3,4,7] once: after 1,2 the chain is 3, 50, 6 */
+    static const int32_t a[] = {1, 2, 3, 50, 6}, b[] = {1, 2, 3, 4, 7};
+    const int32_t *seqs[] = {a, a, b};
+    const size_t lens[] = {5, 5, 5};
+    as_tree *g = tree_with(64, seqs, lens, 3);
+    REQUIRE(g != NULL);
+    const int32_t ctx[] = {9, 1, 2};
+    as_draft_params p = params_default();
+    p.alpha = 4.0;
+    outbuf bf;
+    as_draft_out *o = outbuf_init(&bf, 32);
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+    REQUIRE(o->n == 3);
+    CHECK_EQ_INT(o->tokens[1], 50);
+    uint32_t vocabs[] = {51, 1000, 0};
+    for (size_t i = 0; i < ARRAY_LEN(vocabs); i++) { /* a bound above every token: no change */
+        p.vocab_size = vocabs[i];
+        REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+        CHECK_EQ_INT(o->n, 3);
+    }
+    p.vocab_size = 50; /* 50 is out: the chain stops before it (4 is not taken instead) */
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+    REQUIRE(o->n == 1);
+    CHECK_EQ_INT(o->tokens[0], 3);
+    CHECK_EQ_DBL(o->score, 1.0);
+    CHECK(draft_sane(o, &p, 3));
+    p.vocab_size = 3; /* the first token is out: no draft */
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+    CHECK_EQ_INT(o->n, 0);
+    /* tree drafts: 50 and its child 6 are skipped, 4 (1/3) and 7 stay */
+    p.flags = AS_DRAFT_TREE;
+    p.min_token_prob = 0.0;
+    p.vocab_size = 0;
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+    CHECK_EQ_INT(o->n, 5);
+    p.vocab_size = 50;
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 3, &p, o));
+    REQUIRE(o->n == 3);
+    CHECK_EQ_INT(o->tokens[0], 3);
+    CHECK_EQ_INT(o->tokens[1], 4);
+    CHECK_EQ_INT(o->tokens[2], 7);
+    CHECK_EQ_INT(o->parents[1], 0);
+    CHECK_EQ_INT(o->parents[2], 1);
+    CHECK_EQ_DBL(o->probs[1], (float)(1.0 / 3.0));
+    CHECK(draft_sane(o, &p, 3));
+    /* merged mode (a per-request tree from a cursor) honours it too */
+    int st = -1;
+    as_cursor *c = as_cursor_create(64, AS_CURSOR_LOCAL_TREE, &st);
+    REQUIRE(c != NULL);
+    REQUIRE_OK(as_cursor_extend(c, ctx, 3));
+    for (uint32_t flags = 0; flags < 4; flags++) {
+        p.flags = flags;
+        p.vocab_size = 50;
+        REQUIRE_OK(as_draft(c, g, &p, o));
+        CHECK(o->n >= 1);
+        for (uint32_t k = 0; k < o->n; k++) CHECK(o->tokens[k] < 50);
+        CHECK(draft_sane(o, &p, 3));
+    }
+    as_cursor_free(c);
+    as_tree_free(g);
 }
 
 /* Context ending in 1,2: linear draft [3,5] with probs 1.0 and 2/3, match 2. */
@@ -835,6 +901,7 @@ static void test_draft_is_read_only(void) {
 
 int main(void) {
     TEST_RUN(test_params_default);
+    TEST_RUN(test_vocab_bound);
     TEST_RUN(test_linear_example);
     TEST_RUN(test_tree_example);
     TEST_RUN(test_self_occurrence);

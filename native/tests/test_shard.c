@@ -638,6 +638,102 @@ static void test_negative_token_in_payload(void) {
     as_tree_free(t);
 }
 
+/* as_shard_peek reads the header alone; as_shard_max_token validates and
+ * returns the largest token id (-1 for none). */
+static void test_peek_and_max_token(void) {
+    as_tree *t = as_tree_create(16, NULL);
+    REQUIRE(t != NULL);
+    const int32_t a[] = {5, 70000, 3}, b[] = {INT32_MAX - 1, 0};
+    REQUIRE_OK(as_tree_add(t, 1, a, 3));
+    REQUIRE_OK(as_tree_add(t, 2, b, 2));
+    REQUIRE_OK(as_tree_add(t, 3, NULL, 0));
+    size_t len = 0;
+    uint8_t *s = save(t, &len);
+    REQUIRE(s != NULL);
+    uint32_t kind = 9, depth = 0;
+    uint64_t ns = 0, nr = 9;
+    CHECK_STATUS(as_shard_peek(s, len, &kind, &depth, &ns, &nr), AS_OK);
+    CHECK_EQ_INT(kind, AS_SHARD_SNAPSHOT);
+    CHECK_EQ_INT(depth, 16);
+    CHECK_EQ_U64(ns, 3);
+    CHECK_EQ_U64(nr, 0);
+    CHECK_STATUS(as_shard_peek(s, len, NULL, NULL, NULL, NULL), AS_OK);
+    int32_t top = 0;
+    CHECK_STATUS(as_shard_max_token(s, len, &top), AS_OK);
+    CHECK_EQ_INT(top, INT32_MAX - 1);
+    CHECK_STATUS(as_shard_max_token(s, len, NULL), AS_ERR_INVALID_ARG);
+    CHECK_STATUS(as_shard_max_token(NULL, len, &top), AS_ERR_INVALID_ARG);
+    CHECK_STATUS(as_shard_peek(NULL, len, NULL, NULL, NULL, NULL), AS_ERR_INVALID_ARG);
+
+    /* a delta of sequence 1 and one removal; a removal-only delta holds no token */
+    const int64_t ids[] = {1}, rm[] = {77};
+    size_t dlen = 0;
+    uint8_t *d = save_delta(t, ids, 1, rm, 1, &dlen);
+    REQUIRE(d != NULL);
+    CHECK_STATUS(as_shard_peek(d, dlen, &kind, &depth, &ns, &nr), AS_OK);
+    CHECK_EQ_INT(kind, AS_SHARD_DELTA);
+    CHECK_EQ_U64(ns, 1);
+    CHECK_EQ_U64(nr, 1);
+    CHECK_STATUS(as_shard_max_token(d, dlen, &top), AS_OK);
+    CHECK_EQ_INT(top, 70000);
+    free(d);
+    d = save_delta(t, NULL, 0, rm, 1, &dlen);
+    REQUIRE(d != NULL);
+    top = 0;
+    CHECK_STATUS(as_shard_max_token(d, dlen, &top), AS_OK);
+    CHECK_EQ_INT(top, -1);
+    free(d);
+    as_tree *e = as_tree_create(16, NULL); /* an empty snapshot */
+    REQUIRE(e != NULL);
+    size_t elen = 0;
+    uint8_t *es = save(e, &elen);
+    REQUIRE(es != NULL);
+    top = 0;
+    CHECK_STATUS(as_shard_max_token(es, elen, &top), AS_OK);
+    CHECK_EQ_INT(top, -1);
+    free(es);
+    as_tree_free(e);
+
+    /* header errors: the same codes as as_shard_inspect */
+    CHECK_STATUS(as_shard_peek(s, AS_SHARD_HEADER_BYTES - 1, NULL, NULL, NULL, NULL),
+                 AS_ERR_TRUNCATED);
+    CHECK_STATUS(as_shard_peek(s, len - 1, NULL, NULL, NULL, NULL), AS_ERR_TRUNCATED);
+    uint8_t *c = malloc(len + 1);
+    REQUIRE(c != NULL);
+    memcpy(c, s, len);
+    c[len] = 0;
+    CHECK_STATUS(as_shard_peek(c, len + 1, NULL, NULL, NULL, NULL), AS_ERR_FORMAT);
+    c[0] = 'X';
+    CHECK_STATUS(as_shard_peek(c, len, NULL, NULL, NULL, NULL), AS_ERR_FORMAT);
+    memcpy(c, s, len);
+    sf_wr32(c + SF_OFF_VERSION, 2); /* also overwrites kind: version is checked first */
+    CHECK_STATUS(as_shard_peek(c, len, NULL, NULL, NULL, NULL), AS_ERR_VERSION);
+    memcpy(c, s, len);
+    sf_wr32(c + SF_OFF_DEPTH, AS_MAX_DEPTH_LIMIT + 1);
+    CHECK_STATUS(as_shard_peek(c, len, NULL, NULL, NULL, NULL), AS_ERR_FORMAT);
+    memcpy(c, s, len);
+    sf_wr64(c + SF_OFF_NSEQ, UINT64_MAX); /* more sequences than the payload holds */
+    CHECK_STATUS(as_shard_peek(c, len, NULL, NULL, NULL, NULL), AS_ERR_FORMAT);
+    memcpy(c, s, len);
+    sf_wr64(c + SF_OFF_NREM, 1); /* a snapshot with removals */
+    CHECK_STATUS(as_shard_peek(c, len, NULL, NULL, NULL, NULL), AS_ERR_FORMAT);
+    /* peek does not read the payload: a corrupt one passes peek, not max_token */
+    memcpy(c, s, len);
+    c[len - 1] ^= 0x40;
+    CHECK_STATUS(as_shard_peek(c, len, &kind, &depth, NULL, NULL), AS_OK);
+    CHECK_EQ_INT(depth, 16);
+    CHECK_STATUS(as_shard_max_token(c, len, &top), AS_ERR_CHECKSUM);
+    /* a depth of another tree is reported by peek before any load */
+    memcpy(c, s, len);
+    sf_wr32(c + SF_OFF_DEPTH, 1024);
+    sf_reseal(c, len);
+    CHECK_STATUS(as_shard_peek(c, len, NULL, &depth, NULL, NULL), AS_OK);
+    CHECK_EQ_INT(depth, 1024);
+    free(c);
+    free(s);
+    as_tree_free(t);
+}
+
 int main(void) {
     if (as_set_allocator(cnt_malloc, cnt_realloc, cnt_free, NULL) != AS_OK) {
         fprintf(stderr, "could not set the allocator\n");
@@ -655,5 +751,6 @@ int main(void) {
     TEST_RUN(test_header_fields);
     TEST_RUN(test_huge_lengths);
     TEST_RUN(test_negative_token_in_payload);
+    TEST_RUN(test_peek_and_max_token);
     return TEST_REPORT("test_shard");
 }
