@@ -1,0 +1,124 @@
+"""The Lua scripts that change a tenant's snapshots, compaction marks and stream.
+
+Each runs atomically in Redis and touches only the tenant's keys (declared
+in KEYS, so they work under a tenant's ACL user and in one Cluster slot).
+Stream ids are compared as (ms, seq) pairs; Lua numbers hold them exactly
+up to 2**53, far beyond any ``XADD *`` id.
+
+- `PUT_SNAPSHOT` (compare-and-set): writes a shard's snapshot and the id it
+  covers unless the stored one already covers that id or a later one, so a
+  slow compactor can never replace a newer snapshot with an older one.  In
+  ``bump`` mode it writes no bytes: it only moves the stored snapshot's
+  covered id forward, and only when that snapshot already covers the last
+  entry of the shard the caller has seen (then it holds the same state).
+- `FINISH_ROUND`: after a compactor has put or bumped a snapshot of every
+  shard it knows at position P, raises ``round`` to P (the old value
+  becomes ``prev``), then trims the stream (``XTRIM MINID``) to the lowest
+  of ``prev`` and every snapshot's covered id, and records that id as
+  ``trimmed``.  Trimming behind the *previous* round leaves one round of
+  entries as slack, so subscribers less than a round behind the compactor
+  keep tailing instead of reloading.  See docs/fleet.md for why no entry
+  that some snapshot lacks is ever trimmed.
+- `TAIL_INFO`: ``{backed, last generated id, length}`` for a subscriber's
+  read loop.  ``backed`` is 1 while the subscriber's position is still
+  backed by the stream: the entry at that position still exists (so
+  nothing after it was trimmed, and a Redis restart did not lose it), or,
+  at ``0-0``, nothing was ever trimmed.  The check is made on whatever
+  server answers, so it also holds when the client reconnected silently.
+- `RELEASE_LOCK`: deletes the compaction lease if it still holds our token.
+- `XADD_CHECKED`: the publisher's ``XADD``: writes the publisher's view of
+  the tenant config if Redis has none (``HSETNX``), and refuses the entry
+  (error ``AGENTSPEC_CONFIG``) when the stored depth differs from the one
+  the entry was encoded for.
+"""
+
+from __future__ import annotations
+
+_ID = """
+local function sid(s)
+  local a, b = string.match(s, '^(%d+)-(%d+)$')
+  return tonumber(a), tonumber(b)
+end
+local function less(x, y)
+  local a1, b1 = sid(x)
+  local a2, b2 = sid(y)
+  if a1 ~= a2 then return a1 < a2 end
+  return b1 < b2
+end
+"""
+
+#: KEYS: snap, index.  ARGV: name, covered, mode ('put' | 'bump'), last_seen, data, key, gone.
+#: Returns 1 when the stored snapshot now covers ``covered``, 0 when a bump was refused.
+PUT_SNAPSHOT = (
+    _ID
+    + """
+local cur = redis.call('HGET', KEYS[1], 'covered')
+if cur and not less(cur, ARGV[2]) then return 1 end
+if ARGV[3] == 'bump' then
+  if not cur or less(cur, ARGV[4]) then return 0 end
+  redis.call('HSET', KEYS[1], 'covered', ARGV[2])
+else
+  redis.call('HSET', KEYS[1], 'covered', ARGV[2], 'data', ARGV[5], 'key', ARGV[6],
+             'gone', ARGV[7], 'v', '1')
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+)
+
+#: KEYS: meta, index, stream.  ARGV: position.  Returns {trimmed id, entries removed}.
+FINISH_ROUND = (
+    _ID
+    + """
+local round = redis.call('HGET', KEYS[1], 'round')
+if not round or less(round, ARGV[1]) then
+  if round then redis.call('HSET', KEYS[1], 'prev', round) end
+  redis.call('HSET', KEYS[1], 'round', ARGV[1])
+end
+local low = redis.call('HGET', KEYS[1], 'prev')
+if not low then return {redis.call('HGET', KEYS[1], 'trimmed') or '0-0', 0} end
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+  if less(v, low) then low = v end
+end
+local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
+if trimmed and not less(trimmed, low) then return {trimmed, 0} end
+local n = redis.call('XTRIM', KEYS[3], 'MINID', low)
+redis.call('HSET', KEYS[1], 'trimmed', low)
+return {low, n}
+"""
+)
+
+#: KEYS: meta, stream.  ARGV: position.  Returns {backed (1 | 0), last generated id, length}.
+TAIL_INFO = """
+local backed = 0
+if ARGV[1] == '0-0' then
+  local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
+  if not trimmed or trimmed == '0-0' then backed = 1 end
+elseif #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1], 'COUNT', 1) > 0 then
+  backed = 1
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {backed, '0-0', 0} end
+local info = redis.call('XINFO', 'STREAM', KEYS[2])
+local head = '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then head = info[i + 1] end
+end
+return {backed, head, redis.call('XLEN', KEYS[2])}
+"""
+
+#: KEYS: lock.  ARGV: token.
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+#: KEYS: meta, stream.  ARGV: depth, budget, then the entry's field / value pairs.
+XADD_CHECKED = """
+redis.call('HSETNX', KEYS[1], 'depth', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'budget', ARGV[2])
+local depth = redis.call('HGET', KEYS[1], 'depth')
+if depth ~= ARGV[1] then
+  return redis.error_reply('AGENTSPEC_CONFIG the tenant depth is ' .. depth)
+end
+return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+"""

@@ -1,0 +1,154 @@
+"""A real ``redis-server`` for tests: started in a temporary directory, stopped after.
+
+`RedisServer` runs ``/usr/bin/redis-server`` (Debian's package) on a unix
+socket in a short temporary directory (socket paths are limited to 107
+bytes), optionally also on 127.0.0.1 with a port the OS picked.  It waits
+for the server's own "Ready to accept connections" log line (read from its
+stdout by a thread, an event, not a sleep), then for a PING to answer.
+`kill` is a crash (SIGKILL); `start` again reuses the directory, so with
+``appendfsync always`` (the default here) every acknowledged write comes
+back; ``persist=False`` turns persistence off, so a restart loses all.
+
+Tests skip (with the reason) where the ``redis-server`` binary or the
+``redis`` client is missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+redis = pytest.importorskip("redis", reason="the redis client is not installed")
+
+REDIS_SERVER = shutil.which("redis-server")
+
+requires_redis_server = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"
+)
+
+_READY = "ready to accept connections"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process (see the module docstring)."""
+
+    def __init__(self, *, tcp: bool = False, persist: bool = True) -> None:
+        """Prepare the directory (the server starts with `start`)."""
+        assert REDIS_SERVER is not None
+        self.dir = Path(tempfile.mkdtemp(prefix="as-redis-", dir="/tmp"))
+        self.socket = self.dir / "r.sock"
+        self.port = _free_port() if tcp else 0
+        self.persist = persist
+        self.proc: subprocess.Popen[str] | None = None
+        self.reader: threading.Thread | None = None
+        self.log: deque[str] = deque(maxlen=200)
+
+    def args(self) -> list[str]:
+        """The redis-server command line."""
+        assert REDIS_SERVER is not None
+        args = [REDIS_SERVER, "--port", str(self.port), "--unixsocket", str(self.socket)]
+        args += ["--unixsocketperm", "700", "--dir", str(self.dir), "--save", ""]
+        if self.port:
+            args += ["--bind", "127.0.0.1"]
+        if self.persist:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        return args
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the server and wait until it answers PING."""
+        ready = threading.Event()
+        self.proc = subprocess.Popen(
+            self.args(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        proc = self.proc
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.log.append(line.rstrip())
+                if _READY in line.lower():
+                    ready.set()
+            ready.set()  # exited: stop waiting, the check below fails
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        if not ready.wait(timeout) or proc.poll() is not None:
+            self.kill()
+            raise RuntimeError("redis-server did not start:\n" + "\n".join(self.log))
+        with self.client() as c:
+            assert c.ping()
+
+    @property
+    def url(self) -> str:
+        """The unix-socket URL, no credentials."""
+        return f"unix://{self.socket}"
+
+    def url_for(self, user: str, password: str, *, tcp: bool = False) -> str:
+        """A URL with credentials (unix socket, or TCP when the server has a port)."""
+        if tcp:
+            return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
+        return f"unix://{user}:{password}@{self.socket}"
+
+    def client(self) -> redis.Redis:
+        """An admin client (the default user)."""
+        return redis.Redis(unix_socket_path=str(self.socket), socket_timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self._close_pipe()
+
+    def stop(self) -> None:
+        """SIGTERM the server and wait for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        # The reader ends at EOF once the server is gone; then its pipe can close.
+        if self.reader is not None:
+            self.reader.join(30)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> RedisServer:
+        """Start; stopped and removed on exit."""
+        try:
+            self.start()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server and remove its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
