@@ -15,10 +15,23 @@ under ``/v1/agentspec/`` to `ShardIntake.handle`, which returns a
 
 Shard bytes are checked before any tree is built: the fixed header first
 (`as_shard_peek`, O(1): a shard of another depth gets 409 whatever its
-size), then, when the intake knows the model's ``vocab_size``, every token
-id (`as_shard_max_token`, one pass over the bytes: a shard holding an id >=
-vocab_size gets 422 and changes nothing).  Building costs about tokens x
-depth; these checks cost at most one pass over bytes already in memory.
+size, one that cannot fit the memory budget 507), then, when the intake
+knows the model's ``vocab_size``, every token id (`as_shard_max_token`, one
+pass over the bytes: a shard holding an id >= vocab_size gets 422 and
+changes nothing).  Building costs about tokens x depth; these checks cost
+at most one pass over bytes already in memory.
+
+Memory budgets (``max_bytes`` in total, ``max_tenant_bytes`` per tenant;
+live bytes of the trees, see `agentspec._budget`): a push that would take a
+tenant or the intake over its budget is refused with 507 and changes
+nothing.  A snapshot is refused from its header when even the fewest bytes
+a tree of its sizes can take would not fit; otherwise it is built and its
+exact size checked before it is swapped in (a refused tree is dropped at
+once).  A delta is refused from its header the same way when it removes
+nothing; otherwise it is applied, measured, and undone when it does not
+fit.  Builds in flight reserve their lower bound, so concurrent pushes
+cannot all pass the early check together.  ``GET .../shards`` reports the
+bytes held and the refusals per tenant (``"budget"``).
 
 Modifications of one shard are serialised by a lock of that key only (taken
 for a delta's apply and a snapshot's swap, never while a snapshot is built),
@@ -38,10 +51,12 @@ Readers may likewise see RuntimeError while a delta is being applied.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
@@ -53,6 +68,16 @@ from typing import Any
 
 from agentspec import _lowlevel
 from agentspec._args import as_int
+from agentspec._budget import (
+    DEFAULT_MAX_SHARD_BYTES,
+    DEFAULT_MAX_TENANT_SHARD_BYTES,
+    MIN_TOKEN_BYTES,
+    format_bytes,
+    live_bytes,
+    min_tree_bytes,
+    parse_byte_size,
+    shard_token_count,
+)
 from agentspec._draft import check_max_depth
 from agentspec._log import get_logger
 from agentspec._tree import SuffixTree
@@ -109,7 +134,33 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_NOCTTY = getattr(os, "O_NOCTTY", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
+#: Seconds an over-budget delta's undo waits for the tree's readers.
+_UNDO_TIMEOUT = 30.0
+
 Listener = Callable[[ShardKey, SuffixTree | None], None]
+
+
+class _Usage:
+    """What one tenant holds in an intake (guarded by the intake's lock)."""
+
+    __slots__ = ("bytes", "refused", "reserved", "shards")
+
+    def __init__(self) -> None:
+        self.bytes = 0  # live bytes of its shards
+        self.reserved = 0  # lower bounds of its snapshots being built
+        self.shards = 0
+        self.refused = 0  # pushes refused for lack of room (507)
+
+
+class _DeltaPlan:
+    """What a delta would change in a tree, read before applying it (to undo it)."""
+
+    __slots__ = ("added", "new_tokens", "removed")
+
+    def __init__(self) -> None:
+        self.added: list[int] = []  # ids the delta adds (absent before, or removed first)
+        self.new_tokens = 0  # tokens of those sequences
+        self.removed: dict[int, list[int]] = {}  # present ids it removes -> their tokens
 
 
 class _RefusedError(Exception):
@@ -166,6 +217,11 @@ class ShardIntake:
         vocab_size: the served model's vocabulary size, or None.  When set,
             a snapshot or delta holding a token id >= vocab_size is refused
             with 422 ``out_of_vocabulary`` and the shard is left unchanged.
+        max_bytes: budget of all shards together, in live bytes (default
+            1 GiB; None: none); a push that would exceed it gets 507.
+        max_tenant_bytes: budget of one tenant's shards (default 256 MiB;
+            None: none); a push that would exceed it gets 507.  Both accept
+            sizes such as ``"512MiB"``.
 
     Attributes:
         instance: a random id of this intake (uuid4 hex); a pusher that sees
@@ -183,10 +239,14 @@ class ShardIntake:
         shm_dir: str | os.PathLike[str] | None = None,
         busy_timeout: float = 1.0,
         vocab_size: int | None = None,
+        max_bytes: int | str | None = DEFAULT_MAX_SHARD_BYTES,
+        max_tenant_bytes: int | str | None = DEFAULT_MAX_TENANT_SHARD_BYTES,
     ) -> None:
         """Create an empty intake (see the class docstring for the arguments)."""
         max_depth = check_max_depth(max_depth)
         max_body_bytes = as_int(max_body_bytes, "max_body_bytes", 1)
+        self.max_bytes: int | None = parse_byte_size(max_bytes, "max_bytes")
+        self.max_tenant_bytes: int | None = parse_byte_size(max_tenant_bytes, "max_tenant_bytes")
         self.instance: str = uuid.uuid4().hex
         self.max_depth = max_depth
         self.max_body_bytes = max_body_bytes
@@ -200,9 +260,22 @@ class ShardIntake:
         # lock, when no modification of it can run), so listing never reads a
         # tree that a delta is modifying.
         self._infos: dict[ShardKey, WorkerShard] = {}
-        self._lock = threading.Lock()  # guards _trees and _infos only (O(1) steps)
+        self._lock = threading.Lock()  # guards _trees, _infos and the budget (O(1) steps)
         self._key_locks = _KeyLocks()  # serialise the modifications of one key
         self._listeners: list[Listener] = []
+        # Budget accounting (under _lock): live bytes per key and per tenant.
+        self._held: dict[ShardKey, int] = {}
+        self._usage: dict[str, _Usage] = {}
+        self._total = 0
+        self._reserved = 0
+        self.refused = 0  # pushes refused for lack of room (507)
+        self.too_large = 0  # requests refused for their size (413)
+        self._extra_stats: dict[str, Callable[[], Any]] = {}
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether pushes are checked against a memory budget."""
+        return self.max_bytes is not None or self.max_tenant_bytes is not None
 
     @property
     def vocab_size(self) -> int | None:
@@ -244,6 +317,55 @@ class ShardIntake:
         with self._lock:
             return list(self._infos.values())
 
+    def held_bytes(self, tenant: str | None = None) -> int:
+        """Live bytes of the shards held (of one tenant, or of all)."""
+        with self._lock:
+            if tenant is None:
+                return self._total
+            usage = self._usage.get(tenant)
+            return 0 if usage is None else usage.bytes
+
+    def budget(self) -> dict[str, Any]:
+        """The ``"budget"`` object of ``GET /v1/agentspec/shards`` (JSON-ready).
+
+        ``bytes``: live bytes held; ``refused``: pushes refused with 507;
+        ``too_large``: requests refused with 413; per tenant the bytes, shard
+        count and 507 refusals.
+        """
+        with self._lock:
+            tenants = {
+                tenant: {"bytes": u.bytes, "shards": u.shards, "refused": u.refused}
+                for tenant, u in sorted(self._usage.items())
+            }
+            return {
+                "max_bytes": self.max_bytes,
+                "max_tenant_bytes": self.max_tenant_bytes,
+                "max_body_bytes": self.max_body_bytes,
+                "bytes": self._total,
+                "refused": self.refused,
+                "too_large": self.too_large,
+                "tenants": tenants,
+            }
+
+    def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
+        """Add ``name: fn()`` to the ``GET /v1/agentspec/shards`` answer (e.g. the
+        learned shards' memory, from the engine holding them).  Exceptions are
+        logged and the entry left out."""
+        self._extra_stats[name] = fn
+
+    def _list_answer(self) -> WireResponse:
+        """The ``GET /v1/agentspec/shards`` answer."""
+        obj: dict[str, Any] = {
+            "shards": [s.to_json() for s in self.shards()],
+            "budget": self.budget(),
+        }
+        for name, fn in list(self._extra_stats.items()):
+            try:
+                obj[name] = fn()
+            except Exception:
+                _log.exception("agentspec.intake.stats_failed", stat=name)
+        return self._ok(obj)
+
     # --- HTTP -------------------------------------------------------------
 
     def precheck(
@@ -275,9 +397,12 @@ class ShardIntake:
                 {"Allow": ", ".join(allowed)},
             )
         if content_length is not None and content_length > self.max_body_bytes:
+            with self._lock:
+                self.too_large += 1
             return self._error(
                 413,
-                f"body of {content_length} bytes exceeds the limit of {self.max_body_bytes}",
+                f"body of {content_length} bytes exceeds the limit of {self.max_body_bytes} "
+                f"({format_bytes(self.max_body_bytes)}, max_body_bytes)",
                 ErrorType.PAYLOAD_TOO_LARGE,
             )
         return None
@@ -293,7 +418,7 @@ class ShardIntake:
         lower = {k.lower(): v for k, v in headers.items()}
         try:
             if path == SHARDS_PATH and method == "GET":
-                return self._ok({"shards": [s.to_json() for s in self.shards()]})
+                return self._list_answer()
             key = self._key(query)
             if path == SHARDS_PATH:
                 return self._delete(key)
@@ -301,7 +426,7 @@ class ShardIntake:
                 return self._snapshot_file(key, lower, body)
             self._check_content_type(lower)
             if path == SNAPSHOT_PATH:
-                return self._replace(key, self._build(body))
+                return self._snapshot(key, body)
             return self._delta(key, lower, body)
         except _RefusedError as r:
             return r.response
@@ -316,6 +441,7 @@ class ShardIntake:
         with self._key_locks.hold(key), self._lock:
             tree = self._trees.pop(key, None)
             self._infos.pop(key, None)
+            self._account(key, None)
         if tree is not None:
             self._notify(key, None)
         return self._ok({"deleted": tree is not None})
@@ -329,8 +455,13 @@ class ShardIntake:
         Building a tree costs about tokens x depth, so a shard that will be
         refused never costs more than reading it.
         """
+        self._check_header(data)
+        self._check_vocab(data)
+
+    def _check_header(self, data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+        """``(kind, n_sequences, n_removals)`` from the header (400, 409 raise)."""
         try:
-            _, depth, _, _ = _lowlevel.shard_peek(data)
+            kind, depth, n_seq, n_rem = _lowlevel.shard_peek(data)
         except ShardFormatError as e:
             raise _RefusedError(self._format_error(e)) from None
         if depth != self.max_depth:
@@ -341,6 +472,10 @@ class ShardIntake:
                     ErrorType.DEPTH_MISMATCH,
                 )
             )
+        return kind, n_seq, n_rem
+
+    def _check_vocab(self, data: bytes | bytearray | memoryview) -> None:
+        """With a ``vocab_size``: 422 for shard bytes holding an id outside it."""
         vocab = self._vocab_size
         if vocab is not None:
             try:
@@ -361,6 +496,10 @@ class ShardIntake:
     def _build(self, data: bytes | bytearray | memoryview) -> SuffixTree:
         """A new tree from snapshot bytes, checked first (no lock held)."""
         self._check_shard(data)
+        return self._build_checked(data)
+
+    def _build_checked(self, data: bytes | bytearray | memoryview) -> SuffixTree:
+        """A new tree from snapshot bytes whose header was checked."""
         try:
             tree = SuffixTree.from_bytes(data)
         except ShardFormatError as e:
@@ -370,12 +509,45 @@ class ShardIntake:
             raise _RefusedError(self._error(409, "shard depth mismatch", ErrorType.DEPTH_MISMATCH))
         return tree
 
-    def _replace(self, key: ShardKey, tree: SuffixTree) -> WireResponse:
-        """Swap a freshly built tree in; the old one is left to its readers."""
+    def _snapshot(self, key: ShardKey, data: bytes | bytearray | memoryview) -> WireResponse:
+        """PUT snapshot (and snapshot-file): check, build within the budget, swap in."""
+        if not self.budgeted:
+            return self._replace(key, self._build(data))
+        _, n_seq, n_rem = self._check_header(data)
+        floor = min_tree_bytes(n_seq, shard_token_count(len(data), n_seq, n_rem))
+        tenant = key[0]
+        with self._lock:
+            self._check_room(key, floor, estimate=True)
+            self._usage_of(tenant).reserved += floor
+            self._reserved += floor
+        tree: SuffixTree | None = None
+        try:
+            self._check_vocab(data)
+            tree = self._build_checked(data)
+            return self._replace(key, tree, floor)  # releases the reservation when it swaps
+        except BaseException:
+            with self._lock:
+                self._release(tenant, floor)
+            if tree is not None:
+                tree.close()
+            raise
+
+    def _replace(self, key: ShardKey, tree: SuffixTree, floor: int | None = None) -> WireResponse:
+        """Swap a freshly built tree in; the old one is left to its readers.
+
+        With a budget (``floor``: the lower bound reserved before the build)
+        the tree's exact live bytes must fit, else 507 (the caller drops the
+        tree and releases the reservation); the swap releases it.
+        """
         info = _shard_info(key, tree)  # nobody else holds the new tree yet
+        size = live_bytes(tree.stats())
         with self._key_locks.hold(key), self._lock:
+            if floor is not None:
+                self._check_room(key, size, estimate=False)
+                self._release(key[0], floor)
             self._trees[key] = tree
             self._infos[key] = info
+            self._account(key, size)
         self._notify(key, tree)
         _log.debug("agentspec.intake.snapshot", key=key, sequences=info.sequences)
         return self._ok(info.to_json())
@@ -392,13 +564,18 @@ class ShardIntake:
                     ErrorType.INSTANCE_MISMATCH,
                 )
             )
-        self._check_shard(body)
+        _, n_seq, n_rem = self._check_header(body)
+        self._check_vocab(body)
         deadline = time.monotonic() + self.busy_timeout
         with self._key_locks.hold(key):
             tree = self._trees.get(key)
             fresh = tree is None
             if tree is None:
                 tree = SuffixTree(self.max_depth)
+            plan = None
+            if self.budgeted:
+                plan = _delta_plan(tree, body, n_seq, n_rem)
+                self._check_delta_floor(key, tree, plan, fresh)
             while True:
                 try:
                     tree.load(body)
@@ -428,13 +605,165 @@ class ShardIntake:
                             )
                         ) from None
                     time.sleep(0.001)
+            if plan is not None:
+                self._fit_delta(key, tree, plan, fresh)
             info = _shard_info(key, tree)
             with self._lock:
                 if fresh:
                     self._trees[key] = tree
                 self._infos[key] = info
+                self._account(key, live_bytes(tree.stats()))
         self._notify(key, tree)
         return self._ok(info.to_json())
+
+    # --- budget -----------------------------------------------------------
+
+    def _usage_of(self, tenant: str) -> _Usage:
+        """A tenant's usage entry, made on first use (under ``_lock``)."""
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._usage[tenant] = _Usage()
+        return usage
+
+    def _release(self, tenant: str, floor: int) -> None:
+        """Release a build's reservation (under ``_lock``)."""
+        self._usage_of(tenant).reserved -= floor
+        self._reserved -= floor
+        self._forget_idle(tenant)
+
+    def _forget_idle(self, tenant: str) -> None:
+        """Drop a tenant's entry once it holds and reserves nothing and was never refused."""
+        usage = self._usage.get(tenant)
+        if usage is not None and not (
+            usage.bytes or usage.reserved or usage.shards or usage.refused
+        ):
+            del self._usage[tenant]
+
+    def _account(self, key: ShardKey, size: int | None) -> None:
+        """Record that ``key`` now holds ``size`` live bytes (None: dropped); under ``_lock``."""
+        old = self._held.pop(key, None)
+        usage = self._usage_of(key[0])
+        if old is not None:
+            usage.bytes -= old
+            usage.shards -= 1
+            self._total -= old
+        if size is not None:
+            self._held[key] = size
+            usage.bytes += size
+            usage.shards += 1
+            self._total += size
+        self._forget_idle(key[0])
+
+    def _check_room(self, key: ShardKey, size: int, *, estimate: bool) -> None:
+        """507 unless ``key`` may hold ``size`` live bytes instead of what it holds now.
+
+        Under ``_lock``.  An ``estimate`` (a lower bound, before a build) also
+        counts the lower bounds reserved by builds in flight; the exact check
+        counts what is held only.
+        """
+        old = self._held.get(key, 0)
+        usage = self._usage.get(key[0])
+        tenant_now = 0 if usage is None else usage.bytes + (usage.reserved if estimate else 0)
+        total_now = self._total + (self._reserved if estimate else 0)
+        tenant_limit, total_limit = self.max_tenant_bytes, self.max_bytes
+        what = "at least " if estimate else ""
+        if tenant_limit is not None and tenant_now - old + size > tenant_limit:
+            self._refuse(
+                key,
+                f"tenant {key[0][:100]!r} would hold {what}{format_bytes(tenant_now - old + size)} "
+                f"of pushed shards, over its budget of {format_bytes(tenant_limit)} "
+                f"(max_tenant_shard_bytes; it holds {format_bytes(tenant_now)} now): delete "
+                "some of its shards, push smaller ones or raise the budget",
+            )
+        if total_limit is not None and total_now - old + size > total_limit:
+            self._refuse(
+                key,
+                f"the worker would hold {what}{format_bytes(total_now - old + size)} of pushed "
+                f"shards, over its total budget of {format_bytes(total_limit)} "
+                f"(max_shard_bytes; it holds {format_bytes(total_now)} now): delete shards, "
+                "push smaller ones or raise the budget",
+            )
+
+    def _refuse(self, key: ShardKey, message: str) -> None:
+        """Count a refusal for lack of room and raise its 507 (under ``_lock``)."""
+        self.refused += 1
+        self._usage_of(key[0]).refused += 1
+        _log.warning("agentspec.intake.over_budget", key=key, error=message)
+        raise _RefusedError(self._error(507, message, ErrorType.INSUFFICIENT_STORAGE))
+
+    def _check_delta_floor(
+        self, key: ShardKey, tree: SuffixTree, plan: _DeltaPlan, fresh: bool
+    ) -> None:
+        """507 before applying a delta that removes nothing and cannot fit.
+
+        Its new sequences add at least 4 bytes per token (a fresh tree:
+        `min_tree_bytes`); a delta that removes sequences may free room, so
+        only its exact size after applying decides.
+        """
+        if plan.removed:
+            return
+        if fresh:
+            floor = min_tree_bytes(len(plan.added), plan.new_tokens)
+        else:
+            if not plan.added:
+                return  # a retried delta: nothing new
+            floor = live_bytes(tree.stats()) + MIN_TOKEN_BYTES * plan.new_tokens
+        with self._lock:
+            self._check_room(key, floor, estimate=True)
+
+    def _fit_delta(self, key: ShardKey, tree: SuffixTree, plan: _DeltaPlan, fresh: bool) -> None:
+        """After applying a delta: 507 and undo it when the shard no longer fits.
+
+        Under the key's lock.  A fresh tree is simply dropped.  Otherwise the
+        delta's added sequences are removed and its removed ones added back
+        (waiting for readers); when the undone tree takes more than before
+        (removed sequences' tokens stay referenced by nodes until they are
+        relabelled), it is replaced by a compact rebuild of the same
+        sequences.  Should the undo fail, the shard is dropped rather than
+        kept over the budget.
+        """
+        size = live_bytes(tree.stats())
+        try:
+            with self._lock:
+                self._check_room(key, size, estimate=False)
+        except _RefusedError:
+            if fresh:
+                tree.close()
+                raise
+            if not self._undo_delta(tree, plan):
+                _log.error("agentspec.intake.undo_failed", key=key)
+                with self._lock:
+                    self._trees.pop(key, None)
+                    self._infos.pop(key, None)
+                    self._account(key, None)
+                self._notify(key, None)
+                raise
+            size = live_bytes(tree.stats())
+            with self._lock:
+                before = self._held.get(key, 0)
+            if size > before:
+                # Sequences removed by the undo leave their tokens referenced by
+                # nodes (retained_tokens): a rebuild from the sequences is compact.
+                rebuilt = SuffixTree.from_bytes(tree.to_bytes())
+                info = _shard_info(key, rebuilt)
+                with self._lock:
+                    self._trees[key] = rebuilt
+                    self._infos[key] = info
+                    self._account(key, live_bytes(rebuilt.stats()))
+                self._notify(key, rebuilt)
+            else:
+                info = _shard_info(key, tree)
+                with self._lock:
+                    self._infos[key] = info
+                    self._account(key, size)
+            raise
+
+    def _undo_delta(self, tree: SuffixTree, plan: _DeltaPlan) -> bool:
+        """Take a just-applied delta back out of ``tree`` (False: readers kept it busy)."""
+        deadline = time.monotonic() + max(self.busy_timeout, _UNDO_TIMEOUT)
+        steps = [functools.partial(_remove_if_present, tree, sid) for sid in plan.added]
+        steps += [functools.partial(tree.add, sid, tokens) for sid, tokens in plan.removed.items()]
+        return all(_retry(step, deadline) for step in steps)
 
     def _snapshot_file(
         self, key: ShardKey, headers: Mapping[str, str], body: bytes
@@ -458,7 +787,7 @@ class ShardIntake:
             raise _RefusedError(
                 self._error(403, "snapshot files are disabled on this worker", ErrorType.FORBIDDEN)
             )
-        return self._replace(key, self._build(self._read_shm_file(raw, self.shm_dir)))
+        return self._snapshot(key, self._read_shm_file(raw, self.shm_dir))
 
     def _read_shm_file(self, raw: str, shm: Path) -> bytearray:
         """The bytes of a snapshot file strictly under ``shm`` (refusals raise).
@@ -618,6 +947,62 @@ def _read_into(fd: int, buf: bytearray) -> int:
     finally:
         view.release()
     return got
+
+
+def _remove_if_present(tree: SuffixTree, seq_id: int) -> None:
+    """Remove a sequence unless it is absent."""
+    if seq_id in tree:
+        tree.remove(seq_id)
+
+
+def _retry(step: Callable[[], object], deadline: float) -> bool:
+    """Run a tree modification, retrying while readers hold the tree (False: deadline)."""
+    while True:
+        try:
+            step()
+            return True
+        except RuntimeError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+
+def _delta_plan(
+    tree: SuffixTree, data: bytes | bytearray | memoryview, n_seq: int, n_rem: int
+) -> _DeltaPlan:
+    """What applying delta bytes (header already peeked) would change in ``tree``.
+
+    Reads the removal ids and each sequence record's id and length (bounds
+    checked: a malformed payload gives a partial plan, and the load refuses
+    it anyway).  O(removals + sequences), not O(tokens).
+    """
+    plan = _DeltaPlan()
+    view = memoryview(data).cast("B")
+    try:
+        off = _lowlevel.SHARD_HEADER_BYTES
+        removing: set[int] = set()
+        if n_rem:
+            removing.update(struct.unpack_from(f"<{n_rem}q", view, off))
+            off += 8 * n_rem
+        for sid in removing:
+            if sid in tree:
+                plan.removed[sid] = tree.sequence(sid)
+        seen: set[int] = set()
+        end = len(view)
+        for _ in range(n_seq):
+            if off + 12 > end:
+                break
+            sid, n = struct.unpack_from("<qI", view, off)
+            off += 12 + 4 * n
+            if sid in seen:
+                continue  # a repeat is skipped on apply
+            seen.add(sid)
+            if sid in plan.removed or sid not in tree:
+                plan.added.append(sid)
+                plan.new_tokens += n
+    finally:
+        view.release()
+    return plan
 
 
 def _shard_info(key: ShardKey, tree: SuffixTree) -> WorkerShard:

@@ -52,6 +52,7 @@ __all__ = [
     "MAX_SPEC_LIMIT",
     "NATIVE_VERSION",
     "NULL",
+    "SHARD_HEADER_BYTES",
     "BatchBuffers",
     "CData",
     "DraftBuffers",
@@ -82,6 +83,7 @@ __all__ = [
     "tree_count",
     "tree_create",
     "tree_from_bytes",
+    "tree_live_bytes",
     "tree_load",
     "tree_max_depth",
     "tree_remove",
@@ -108,6 +110,7 @@ DRAFT_NO_LOCAL: int = lib.AS_DRAFT_NO_LOCAL
 DRAFT_NO_GLOBAL: int = lib.AS_DRAFT_NO_GLOBAL
 CURSOR_LOCAL_TREE: int = lib.AS_CURSOR_LOCAL_TREE
 ERR_INVALID_TOKEN: int = lib.AS_ERR_INVALID_TOKEN
+SHARD_HEADER_BYTES: int = lib.AS_SHARD_HEADER_BYTES
 NATIVE_VERSION: str = f"{lib.AS_VERSION_MAJOR}.{lib.AS_VERSION_MINOR}.{lib.AS_VERSION_PATCH}"
 
 INT64_MIN = -(2**63)
@@ -312,6 +315,13 @@ def tree_stats(tree: CData) -> tuple[int, int, int, int, int, int, int, int]:
         int(s.free_bytes),
         int(s.max_depth),
     )
+
+
+def tree_live_bytes(tree: CData) -> int:
+    """A tree's allocator bytes less its free node slots (see `agentspec._budget`)."""
+    s = ffi.new("as_tree_stats *")
+    check(lib.as_tree_stats_get(tree, s))
+    return max(0, int(s.bytes) - int(s.free_bytes))
 
 
 def tree_count(tree: CData, ptr: CData, n: int, keep: object) -> int:

@@ -78,6 +78,9 @@ _log = get_logger()
 TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 #: 409 answers that retrying cannot fix.
 _PERMANENT_409 = frozenset({ErrorType.DEPTH_MISMATCH, ErrorType.INSTANCE_MISMATCH})
+#: 5xx answers that are not retried: 507, the worker's shard budget is full
+#: (the key is pushed again at its next change; other keys go on meanwhile).
+_PERMANENT_5XX = frozenset({507})
 #: After the retries of a push are exhausted, the endpoint rests this long
 #: (doubling per consecutive failure, up to the max) before the next try.
 _BACKOFF_MIN = 0.2
@@ -116,11 +119,14 @@ class PushError(AgentSpecError):
 
     @property
     def transient(self) -> bool:
-        """Transport errors, 408, 429, 5xx, and 409 unless it is a depth/instance mismatch."""
+        """Transport errors, 408, 429, 5xx but 507 (insufficient storage), and 409
+        unless it is a depth/instance mismatch."""
         if self.status is None:
             return True
         if self.status == 409:
             return self.error_type not in _PERMANENT_409
+        if self.status in _PERMANENT_5XX:
+            return False
         return self.status in TRANSIENT_STATUSES or self.status >= 500
 
 

@@ -29,6 +29,16 @@ tree holds anyway.  Open sequences are never evicted: ``max_shard_tokens``
 counts them, but evicts closed ones only, oldest first, when a sequence is
 closed or added; so with one request at a time the shards end every `finish`
 exactly as without live learning (a response not learned leaves no trace).
+
+Byte budgets (``max_bytes``, and a `LearnedBudget` shared by the speculators
+of several tenants): after a sequence is closed or added, the oldest closed
+sequences of any of the speculator's shards (stage shards and pipeline trees
+alike, by arrival) are evicted while its shards' live bytes (see
+`agentspec._budget`) exceed ``max_bytes``; then, across every speculator of
+the shared budget, while their sum exceeds its total.  Unlike the token
+budget these may evict a shard's newest sequence too (a response larger than
+the budget does not stay).  `memory` reports the bytes held and the
+evictions.
 """
 
 from __future__ import annotations
@@ -42,12 +52,16 @@ from typing import Any
 from agentspec import _lowlevel
 from agentspec._args import as_int
 from agentspec._batch import BatchDrafter, _check_caps
+from agentspec._budget import LearnedBudget, live_bytes, parse_byte_size
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, resolve_params
+from agentspec._log import get_logger
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["MAX_EXTRA_TREES", "ShardKey", "Speculator"]
+
+_log = get_logger()
 
 ShardKey = tuple[str | None, str | None]
 """``(pipeline, stage)``; None stands for "untagged"."""
@@ -69,15 +83,18 @@ def _int32_array(tokens: TokenArray) -> array.array[int]:
 class _Shard:
     """A global tree and what it holds.
 
-    ``order`` lists its closed sequences oldest first as (id, length), the
-    only ones eviction removes; ``live`` maps each open (in-flight) sequence
-    to its length so far; ``tokens`` counts both.
+    ``order`` lists its closed sequences oldest first as (id, length,
+    arrival stamp), the only ones eviction removes; ``live`` maps each open
+    (in-flight) sequence to its length so far; ``tokens`` counts both;
+    ``bytes`` is the tree's live bytes after its last change (kept only
+    when the speculator has a byte budget).
     """
 
     tree: SuffixTree
-    order: deque[tuple[int, int]] = field(default_factory=deque)
+    order: deque[tuple[int, int, int]] = field(default_factory=deque)
     live: dict[int, int] = field(default_factory=dict)
     tokens: int = 0
+    bytes: int = 0
 
 
 @dataclass
@@ -108,6 +125,11 @@ class Speculator:
         cold_tokens: a stage shard with fewer tokens than this is not drafted
             from while a pipeline tree exists.
         max_shard_tokens: optional FIFO token budget per tree.
+        max_bytes: optional byte budget of all this speculator's trees
+            together (live bytes, see `agentspec._budget`): the oldest
+            closed sequences of any tree are evicted while over it.
+        budget: a total byte budget shared with other speculators (e.g. one
+            per tenant); they must then all be used from one thread.
         lead_tokens: learn each response behind this many of its prompt's
             last tokens (0: the response alone).
         live: learn each response while it is generated, as an open
@@ -129,6 +151,8 @@ class Speculator:
         max_shard_tokens: int | None = None,
         lead_tokens: int = 8,
         live: bool = False,
+        max_bytes: int | None = None,
+        budget: LearnedBudget | None = None,
     ) -> None:
         """Create an empty speculator (see the class docstring for the arguments)."""
         max_depth = check_max_depth(max_depth)
@@ -144,6 +168,8 @@ class Speculator:
             )
             if max_shard_tokens < 0:
                 raise InvalidArgumentError(f"max_shard_tokens must be >= 0, not {max_shard_tokens}")
+        if budget is not None and not isinstance(budget, LearnedBudget):
+            raise TypeError(f"budget must be a LearnedBudget, not {type(budget).__name__}")
         self._max_depth = max_depth
         self._params = resolve_params(params, {})
         self._stage_shards = stage_shards
@@ -151,6 +177,13 @@ class Speculator:
         self._local_tree = local_tree
         self._cold_tokens = cold_tokens
         self._max_tokens = max_shard_tokens
+        self._max_bytes = parse_byte_size(max_bytes, "max_bytes")
+        self._budget = budget
+        self._metered = self._max_bytes is not None or budget is not None
+        self._bytes = 0  # live bytes of every shard (kept when metered)
+        self._clock = 0  # arrival stamps, when no shared budget hands them out
+        self.evicted_sequences = 0
+        self.evicted_bytes = 0
         self._lead_tokens = lead_tokens
         self._live = live
         self._stages: dict[ShardKey, _Shard] = {}
@@ -161,6 +194,8 @@ class Speculator:
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
         self._batchers: dict[DraftParams, BatchDrafter] = {}
         self._last_batcher: tuple[DraftParams, BatchDrafter] | None = None
+        if budget is not None:
+            budget.join(self)
 
     # --- requests -------------------------------------------------------------
 
@@ -200,6 +235,7 @@ class Speculator:
         req.response.extend(keep.tolist() if not isinstance(keep, array.array) else keep)
         if self._live and n:
             self._grow(req, n)
+            self._enforce()
 
     def _grow(self, req: _Request, n: int) -> None:
         """Append a request's last ``n`` response tokens to its open sequence."""
@@ -217,6 +253,7 @@ class Speculator:
             shard.tree.append(seq, chunk)
             shard.live[seq] = have + len(chunk)
             self._resize(shard, len(chunk))
+            self._meter(shard)
 
     def draft(
         self,
@@ -364,19 +401,22 @@ class Speculator:
         req.cursor.close()
         if req.seq is not None:
             self._version += 1
+            stamp = self._stamp()
             for shard in self._shards_for(req.key, create=False):
                 n = shard.live.pop(req.seq, None)
                 if n is None:
                     continue
                 if learn:
                     shard.tree.close_sequence(req.seq)
-                    shard.order.append((req.seq, n))
+                    shard.order.append((req.seq, n, stamp))
                     self._evict(shard)
                 else:
                     shard.tree.remove(req.seq)
                     self._resize(shard, -n)
+                self._meter(shard)
             if not learn:
                 self._drop_empty(req.key)
+            self._enforce()
         elif learn and len(req.response) > 0:
             seq = req.response if req.lead is None else req.lead + req.response
             self._add(seq, (req.key[0], req.key[1]))
@@ -415,8 +455,10 @@ class Speculator:
         seq = self._next_seq
         self._next_seq += 1
         self._version += 1
+        stamp = self._stamp()
         for shard in self._shards_for((pipeline, stage), create=True):
-            self._learn(shard, seq, keep, n)
+            self._learn(shard, seq, keep, n, stamp)
+        self._enforce()
 
     def _drop_empty(self, key: ShardKey) -> None:
         """Undo the shards an unlearned live response made, as if it never came.
@@ -431,20 +473,23 @@ class Speculator:
         if shard is None or shard.order or shard.live:
             return
         # The trees are dropped, not closed: a caller may still hold one (see `shard`).
-        del shards[skey]
+        self._unmeter(shards.pop(skey))
         self._version += 1
         if self._stage_shards and sum(k[0] == key[0] for k in self._stages) < 2:
-            self._pipelines.pop(key[0], None)
+            pipe = self._pipelines.pop(key[0], None)
+            if pipe is not None:
+                self._unmeter(pipe)
 
-    def _learn(self, shard: _Shard, seq: int, tokens: Any, n: int) -> None:
-        """Add one closed sequence to a shard, then evict its oldest beyond the budget."""
+    def _learn(self, shard: _Shard, seq: int, tokens: Any, n: int, stamp: int) -> None:
+        """Add one closed sequence to a shard, then evict its oldest beyond the token budget."""
         shard.tree.add(seq, tokens)
-        shard.order.append((seq, n))
+        shard.order.append((seq, n, stamp))
         self._resize(shard, n)
         self._evict(shard)
+        self._meter(shard)
 
     def _evict(self, shard: _Shard) -> None:
-        """Remove a shard's oldest closed sequences while it is over the budget.
+        """Remove a shard's oldest closed sequences while it is over the token budget.
 
         The newest closed sequence always stays, and open ones are never
         removed (their requests still append to them).
@@ -452,9 +497,106 @@ class Speculator:
         if self._max_tokens is None:
             return
         while shard.tokens > self._max_tokens and len(shard.order) > 1:
-            old, size = shard.order.popleft()
+            old, size, _ = shard.order.popleft()
             shard.tree.remove(old)
             self._resize(shard, -size)
+            self.evicted_sequences += 1
+            self.evicted_bytes += max(0, -self._meter(shard))
+
+    # --- byte budgets ---------------------------------------------------------
+
+    def _stamp(self) -> int:
+        """The next arrival stamp (the shared budget's, when there is one)."""
+        if self._budget is not None:
+            return self._budget.stamp()
+        self._clock += 1
+        return self._clock
+
+    def _meter(self, shard: _Shard) -> int:
+        """Refresh a shard's live bytes (when metered); returns their change."""
+        if not self._metered:
+            return 0
+        new = shard.tree._live_bytes()
+        delta = new - shard.bytes
+        if delta:
+            shard.bytes = new
+            self._bytes += delta
+            if self._budget is not None:
+                self._budget.bytes += delta
+        return delta
+
+    def _unmeter(self, shard: _Shard) -> None:
+        """Stop counting a shard that is no longer held."""
+        if shard.bytes:
+            self._bytes -= shard.bytes
+            if self._budget is not None:
+                self._budget.bytes -= shard.bytes
+            shard.bytes = 0
+
+    def _oldest_stamp(self) -> int | None:
+        """Arrival stamp of the oldest closed sequence of any shard (None: none)."""
+        oldest: int | None = None
+        for shard in self._all_shards():
+            if shard.order:
+                stamp = shard.order[0][2]
+                if oldest is None or stamp < oldest:
+                    oldest = stamp
+        return oldest
+
+    def _evict_oldest(self) -> bool:
+        """Evict the oldest closed sequence of any shard (False: none, or its tree is busy)."""
+        victim: _Shard | None = None
+        for shard in self._all_shards():
+            if shard.order and (victim is None or shard.order[0][2] < victim.order[0][2]):
+                victim = shard
+        if victim is None:
+            return False
+        seq, n, _ = victim.order[0]
+        try:
+            victim.tree.remove(seq)
+        except RuntimeError as e:  # a reader holds the tree: the next change tries again
+            _log.warning("agentspec.speculator.eviction_postponed", error=str(e))
+            return False
+        victim.order.popleft()
+        self._resize(victim, -n)
+        self.evicted_sequences += 1
+        self.evicted_bytes += max(0, -self._meter(victim))
+        return True
+
+    def _enforce(self) -> None:
+        """Evict while over the byte budget, then while the shared budget is over its total."""
+        limit = self._max_bytes
+        if limit is not None:
+            while self._bytes > limit and self._evict_oldest():
+                pass
+        if self._budget is not None:
+            self._budget.enforce()
+
+    def memory(self) -> dict[str, Any]:
+        """Live bytes held by the shards, the budgets and the evictions (JSON-ready).
+
+        ``evicted_sequences`` counts removals from each tree (a sequence held
+        by a stage shard and its pipeline tree counts twice);
+        ``evicted_bytes`` the live bytes those removals freed (0 when the
+        speculator has no byte budget).
+        """
+        # Copied at once: another thread may ask while this one learns.
+        shards = [*self._stages.values(), *self._pipelines.values()]
+        held = (
+            self._bytes
+            if self._metered
+            else sum(live_bytes(s.tree.stats()) for s in shards if not s.tree.closed)
+        )
+        return {
+            "bytes": held,
+            "max_bytes": self._max_bytes,
+            "max_shard_tokens": self._max_tokens,
+            "shards": len(self._stages),
+            "trees": len(shards),
+            "tokens": sum(s.tokens for s in shards),
+            "evicted_sequences": self.evicted_sequences,
+            "evicted_bytes": self.evicted_bytes,
+        }
 
     def _resize(self, shard: _Shard, delta: int) -> None:
         """Change a shard's token count, invalidating cached trees when it turns warm or cold."""
@@ -493,9 +635,12 @@ class Speculator:
         self._requests.clear()
         for shard in self._all_shards():
             shard.tree.close()
+            self._unmeter(shard)
         self._stages.clear()
         self._pipelines.clear()
         self._version += 1
+        if self._budget is not None:
+            self._budget.leave(self)
 
     def __enter__(self) -> Speculator:
         """Use in a ``with`` block; closed on exit."""
@@ -526,7 +671,9 @@ class Speculator:
 
     def _new_shard(self) -> _Shard:
         self._version += 1
-        return _Shard(SuffixTree(self._max_depth))
+        shard = _Shard(SuffixTree(self._max_depth))
+        self._meter(shard)
+        return shard
 
     def _shards_for(self, key: ShardKey, *, create: bool) -> list[_Shard]:
         """The shards a response of ``key`` is learned into: stage, then pipeline.
@@ -553,13 +700,23 @@ class Speculator:
                 siblings = [s for k, s in self._stages.items() if k[0] == key[0] and k != key]
                 if siblings:
                     pipe = self._pipelines[key[0]] = self._new_shard()
+                    # In arrival order, so that the pipeline tree evicts oldest first.
+                    closed = sorted(
+                        (
+                            (stamp, seq, n, sibling)
+                            for sibling in siblings
+                            for seq, n, stamp in sibling.order
+                        ),
+                        key=lambda e: (e[0], e[1]),
+                    )
+                    for stamp, seq, n, sibling in closed:
+                        self._learn(pipe, seq, sibling.tree.sequence(seq), n, stamp)
                     for sibling in siblings:
-                        for seq, n in sibling.order:
-                            self._learn(pipe, seq, sibling.tree.sequence(seq), n)
                         for seq, n in sibling.live.items():
                             pipe.tree.append(seq, sibling.tree.sequence(seq))
                             pipe.live[seq] = n
                             self._resize(pipe, n)
+                    self._meter(pipe)
             if pipe is not None:
                 out.append(pipe)
         return out

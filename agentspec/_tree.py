@@ -342,6 +342,14 @@ class SuffixTree:
         finally:
             self._readers.pop()
 
+    def _live_bytes(self) -> int:
+        """``stats().bytes - stats().free_bytes``, cheaply (for byte budgets)."""
+        h = self._read_begin()
+        try:
+            return _lowlevel.tree_live_bytes(h)
+        finally:
+            self._readers.pop()
+
     def check(self) -> None:
         """Verify the tree's internal invariants (for tests and debugging).
 

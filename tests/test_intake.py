@@ -55,7 +55,8 @@ def test_empty_list_and_instance():
     a, b = ShardIntake(), ShardIntake()
     r = a.handle("GET", SHARDS_PATH, "", {}, b"")
     assert r.status == 200
-    assert r.json() == {"instance": a.instance, "shards": []}
+    assert r.json() == {"instance": a.instance, "shards": [], "budget": a.budget()}
+    assert a.budget()["bytes"] == 0
     assert r.headers[INSTANCE_HEADER] == a.instance
     assert a.instance != b.instance
     assert a.keys() == []

@@ -437,7 +437,7 @@ def test_transient_classification():
     for status in (408, 429, 500, 502, 503, 504, 599):
         assert is_transient(PushError("x", status=status))
     assert is_transient(PushError("x", status=409, error_type="conflict"))
-    for status in (400, 401, 403, 404, 405, 413, 415):
+    for status in (400, 401, 403, 404, 405, 413, 415, 422, 507):
         assert not is_transient(PushError("x", status=status))
     assert not is_transient(PushError("x", status=409, error_type="depth_mismatch"))
     assert not is_transient(PushError("x", status=409, error_type="instance_mismatch"))

@@ -301,7 +301,7 @@ def _contents(spec: Speculator) -> dict[object, list[list[int]]]:
     out: dict[object, list[list[int]]] = {}
     for name, shards in (("stage", spec._stages), ("pipeline", spec._pipelines)):
         for key, shard in shards.items():
-            closed = [shard.tree.sequence(seq) for seq, _ in shard.order]
+            closed = [shard.tree.sequence(seq) for seq, *_ in shard.order]
             opened = sorted(shard.tree.sequence(seq) for seq in shard.live)
             assert shard.tokens == shard.tree.stats().tokens
             assert shard.tree.stats().open_sequences == len(shard.live)

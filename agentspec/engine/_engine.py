@@ -15,6 +15,7 @@ from it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Generator, Sequence
@@ -23,10 +24,19 @@ from typing import Any
 
 import numpy as np
 
+from agentspec._budget import (
+    DEFAULT_MAX_LEARNED_BYTES,
+    DEFAULT_MAX_SHARD_BYTES,
+    DEFAULT_MAX_TENANT_LEARNED_BYTES,
+    DEFAULT_MAX_TENANT_SHARD_BYTES,
+    LearnedBudget,
+    parse_byte_size,
+)
 from agentspec._draft import Draft, DraftParams
 from agentspec._log import get_logger
 from agentspec._speculator import Speculator
 from agentspec._tree import SuffixTree
+from agentspec._wire import DEFAULT_MAX_BODY_BYTES
 from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
@@ -69,7 +79,20 @@ class EngineOptions:
         draft_params: drafting parameters (`DraftParams()`; ``tree`` is
             overridden by ``tree_drafts``).
         max_depth: depth of the shard trees (pushed shards must match).
-        max_shard_tokens: per-shard FIFO token budget of the learned shards.
+        max_shard_tokens: per-shard FIFO token budget of the learned shards
+            (None: none; the byte budgets below bound them anyway).
+        max_learned_bytes: total byte budget of the learned shards of every
+            tenant (live bytes; the oldest learned sequences, any tenant,
+            are evicted beyond it); None: none.
+        max_tenant_learned_bytes: byte budget of one tenant's learned
+            shards (its oldest sequences are evicted beyond it); None: none.
+        max_shard_bytes: total byte budget of the pushed shards (a push
+            beyond it gets 507); None: none.
+        max_tenant_shard_bytes: byte budget of one tenant's pushed shards
+            (507 beyond it); None: none.
+        max_body_bytes: largest shard push body (413 above).
+
+    Byte budgets accept sizes such as ``"512MiB"`` and are kept as ints.
     """
 
     max_model_len: int | None = None
@@ -79,9 +102,27 @@ class EngineOptions:
     draft_params: DraftParams | None = None
     max_depth: int = 64
     max_shard_tokens: int | None = None
+    max_learned_bytes: int | None = DEFAULT_MAX_LEARNED_BYTES
+    max_tenant_learned_bytes: int | None = DEFAULT_MAX_TENANT_LEARNED_BYTES
+    max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+    max_tenant_shard_bytes: int | None = DEFAULT_MAX_TENANT_SHARD_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         """Validate the numbers."""
+        for name in (
+            "max_learned_bytes",
+            "max_tenant_learned_bytes",
+            "max_shard_bytes",
+            "max_tenant_shard_bytes",
+        ):
+            object.__setattr__(self, name, parse_byte_size(getattr(self, name), name))
+        body = parse_byte_size(self.max_body_bytes, "max_body_bytes")
+        if body is None or body < 1:
+            raise InvalidArgumentError("max_body_bytes must be >= 1", str(self.max_body_bytes))
+        object.__setattr__(self, "max_body_bytes", body)
+        if self.max_shard_tokens is not None and self.max_shard_tokens < 0:
+            raise InvalidArgumentError("max_shard_tokens must be >= 0", str(self.max_shard_tokens))
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidArgumentError("max_model_len must be >= 2", str(self.max_model_len))
         if self.default_max_tokens < 1:
@@ -254,9 +295,15 @@ class Engine:
         self.max_model_len: int = wanted if limit is None else min(wanted, limit)
         self.eos_ids = _eos_ids(model, tokenizer)
         base = self.options.draft_params or DraftParams()
-        if base.tree != self.options.tree_drafts:
-            base = DraftParams(**{**base.__getstate__(), "tree": self.options.tree_drafts})
-        self.draft_params = base
+        vocab = self.verifier.vocab_size
+        if base.vocab_size is not None:
+            vocab = min(vocab, base.vocab_size)
+        # Drafts end at the first token outside the model's vocabulary (a pushed
+        # shard of another tokenizer), natively: see DraftParams.vocab_size.
+        self.draft_params = dataclasses.replace(
+            base, tree=self.options.tree_drafts, vocab_size=vocab
+        )
+        self.learned_budget = LearnedBudget(self.options.max_learned_bytes)
         self._pushed_tree = pushed_tree
         self._lock = _FifoLock()
         self._speculators: dict[str, Speculator] = {}  # per tenant; used under _lock
@@ -269,9 +316,28 @@ class Engine:
         spec = self._speculators.get(tenant)
         if spec is None:
             spec = self._speculators[tenant] = Speculator(
-                self.options.max_depth, max_shard_tokens=self.options.max_shard_tokens
+                self.options.max_depth,
+                max_shard_tokens=self.options.max_shard_tokens,
+                max_bytes=self.options.max_tenant_learned_bytes,
+                budget=self.learned_budget,
             )
         return spec
+
+    def learned_stats(self) -> dict[str, Any]:
+        """Memory of the learned shards: budgets, bytes held, evictions per tenant.
+
+        Read without waiting for the running request (counters of a tenant
+        whose request is running may be one step behind).
+        """
+        specs = list(self._speculators.items())
+        specs.sort(key=lambda kv: kv[0])
+        return {
+            "max_bytes": self.learned_budget.max_bytes,
+            "max_tenant_bytes": self.options.max_tenant_learned_bytes,
+            "max_shard_tokens": self.options.max_shard_tokens,
+            "bytes": self.learned_budget.bytes,
+            "tenants": {tenant: spec.memory() for tenant, spec in specs},
+        }
 
     def learned_shards(self) -> dict[ShardKey, SuffixTree]:
         """The engine's learned stage shards by ``(tenant, pipeline, stage)`` (read only)."""
@@ -386,7 +452,8 @@ class Engine:
                     draft = self._draft(spec, rid, req.key)
                     if len(draft):
                         # A shard (a pushed one above all) may hold ids this model has
-                        # not: a bad token ends its branch of the draft.
+                        # not: the draft params' vocab_size already ends a draft there
+                        # (natively); pruning stays as a cheap guard for the verifier.
                         valid = prune_draft_tree(draft, verifier.vocab_size)
                         if len(valid) < len(draft):
                             _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)

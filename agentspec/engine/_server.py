@@ -379,9 +379,10 @@ class EngineServer:
         if not names:
             raise ValueError("at least one served model name is needed")
         self.model_names: tuple[str, ...] = tuple(names)
-        self.intake = intake or ShardIntake(
-            api_key=self.admin_key or self.api_key, max_depth=engine.options.max_depth
-        )
+        self.intake = intake or _engine_intake(engine.options, self.admin_key or self.api_key)
+        if self.intake.vocab_size is None:
+            self.intake.vocab_size = engine.verifier.vocab_size
+        self.intake.add_stats("learned", engine.learned_stats)
         self.created = int(time.time())
         self._httpd = _EngineHTTPServer((host, port), self.intake, _Handler)
         self._httpd.owner = self
@@ -405,7 +406,7 @@ class EngineServer:
         opts = options or EngineOptions()
         checked = None if tenant_keys is None else check_tenant_keys(tenant_keys)
         _check_admin_key(admin_key or None, api_key or None, checked)
-        intake = ShardIntake(api_key=admin_key or api_key or None, max_depth=opts.max_depth)
+        intake = _engine_intake(opts, admin_key or api_key or None)
         engine = Engine(model, tokenizer, opts, pushed_tree=intake.tree)
         return cls(
             engine,
@@ -529,6 +530,21 @@ class EngineServer:
         self.stop()
 
 
+def _engine_intake(options: EngineOptions, api_key: str | None) -> ShardIntake:
+    """The shard intake of an engine server: its depth, body cap and budgets.
+
+    The vocabulary bound is set once the engine (and so the model's
+    vocabulary size) exists.
+    """
+    return ShardIntake(
+        api_key=api_key,
+        max_depth=options.max_depth,
+        max_body_bytes=options.max_body_bytes,
+        max_bytes=options.max_shard_bytes,
+        max_tenant_bytes=options.max_tenant_shard_bytes,
+    )
+
+
 def _check_admin_key(
     admin_key: str | None, api_key: str | None, tenant_keys: Mapping[str, str] | None
 ) -> None:
@@ -558,6 +574,7 @@ def run_engine_server(
     dtype: str = "float32",
     tenant_keys: Mapping[str, str] | None = None,
     admin_key: str | None = None,
+    budgets: Mapping[str, Any] | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -575,6 +592,10 @@ def run_engine_server(
         dtype: torch dtype of the weights.
         tenant_keys: API key -> tenant map (tenants from the keys only).
         admin_key: the only key of the shard routes.
+        budgets: `EngineOptions` memory fields to set (``max_shard_bytes``,
+            ``max_tenant_shard_bytes``, ``max_learned_bytes``,
+            ``max_tenant_learned_bytes``, ``max_shard_tokens``,
+            ``max_body_bytes``); the others keep their defaults.
 
     Raises:
         agentspec.models.ModelError: the model cannot be fetched or loaded.
@@ -594,6 +615,7 @@ def run_engine_server(
         default_max_tokens=default_max_tokens,
         speculate=speculate,
         tree_drafts=tree_drafts,
+        **dict(budgets or {}),
     )
     server = EngineServer.create(
         loaded,
@@ -619,6 +641,12 @@ def run_engine_server(
         shard_routes="admin key"
         if admin_key
         else ("closed" if tenant_keys is not None else "API key"),
+        pushed_budget=server.intake.budget(),
+        learned_budget={
+            "max_bytes": options.max_learned_bytes,
+            "max_tenant_bytes": options.max_tenant_learned_bytes,
+            "max_shard_tokens": options.max_shard_tokens,
+        },
     )
     try:
         server.serve_forever()

@@ -2,32 +2,38 @@
 
 Read from ``--additional-config '{"agentspec": {...}}'`` (``vllm_config.additional_config``)
 and from environment variables; a key in the additional config wins over its variable,
-which wins over the default:
+which wins over the default.  Each key's environment variable is
+``AGENTSPEC_VLLM_<KEY>`` (upper case) unless named; defaults in brackets:
 
-================  ==============================  =======  ======================================
-key               environment variable            default  meaning
-================  ==============================  =======  ======================================
-max_depth         AGENTSPEC_VLLM_MAX_DEPTH        64       depth of every tree; pushed shards
-                                                           must have the same depth (else 409)
-alpha             AGENTSPEC_VLLM_ALPHA            1.0      draft budget per matched token
-min_token_prob    AGENTSPEC_VLLM_MIN_TOKEN_PROB   0.1      drop draft tokens less likely than this
-lead_tokens       AGENTSPEC_VLLM_LEAD_TOKENS      8        learn responses behind this many
-                                                           prompt tokens
-cold_tokens       AGENTSPEC_VLLM_COLD_TOKENS      256      see `agentspec.Speculator`
-max_shard_tokens  AGENTSPEC_VLLM_MAX_SHARD_TOKENS  none    FIFO token budget per learned tree
-local_tree        AGENTSPEC_VLLM_LOCAL_TREE       true     per-request tree over prompt + output
-learn             AGENTSPEC_VLLM_LEARN            true     learn finished responses on the worker
-live_learning     AGENTSPEC_VLLM_LIVE_LEARNING    true     learn responses while they are
-                                                           generated, so concurrent requests
-                                                           draft from each other (with learn)
-api_key           AGENTSPEC_API_KEY               none     bearer token the shard intake demands
-shm_dir           AGENTSPEC_SHM_DIR               none     directory ``snapshot-file`` pushes may
-                                                           name (none: refused)
-max_body_bytes    AGENTSPEC_VLLM_MAX_BODY_BYTES   256 MiB  largest push accepted
-================  ==============================  =======  ======================================
+- ``max_depth`` [64]: depth of every tree; pushed shards must have the same
+  depth (else 409).
+- ``alpha`` [1.0]: draft budget per matched token.
+- ``min_token_prob`` [0.1]: drop draft tokens less likely than this.
+- ``lead_tokens`` [8]: learn responses behind this many prompt tokens.
+- ``cold_tokens`` [256]: see `agentspec.Speculator`.
+- ``max_shard_tokens`` [none]: FIFO token budget per learned tree.
+- ``max_learned_bytes`` [1 GiB]: learned shards of all tenants together; the
+  oldest learned sequences (any tenant) are evicted beyond it.
+- ``max_tenant_learned_bytes`` [256 MiB]: learned shards of one tenant; its
+  oldest sequences are evicted beyond it.
+- ``max_shard_bytes`` [1 GiB]: pushed shards of all tenants; a push beyond it
+  gets 507.
+- ``max_tenant_shard_bytes`` [256 MiB]: pushed shards of one tenant; a push
+  beyond it gets 507.
+- ``local_tree`` [true]: per-request tree over prompt + output.
+- ``learn`` [true]: learn finished responses on the worker.
+- ``live_learning`` [true]: learn responses while they are generated, so
+  concurrent requests draft from each other (with learn).
+- ``api_key`` (``AGENTSPEC_API_KEY``) [none]: bearer token the shard intake
+  demands.
+- ``shm_dir`` (``AGENTSPEC_SHM_DIR``) [none]: directory ``snapshot-file``
+  pushes may name (none: refused).
+- ``max_body_bytes`` [32 MiB]: largest push accepted (413 above).
 
-Prefer the environment variable for ``api_key``: vLLM logs its configuration,
-additional config included.
+Byte budgets count live tree bytes per worker (see `agentspec._budget`); they
+take an int or a size such as ``512MiB`` / ``1GiB``, and ``none`` turns a
+budget off.  Prefer the environment variable for ``api_key``: vLLM logs its
+configuration, additional config included.
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentspec._budget import (
+    DEFAULT_MAX_LEARNED_BYTES,
+    DEFAULT_MAX_SHARD_BYTES,
+    DEFAULT_MAX_TENANT_LEARNED_BYTES,
+    DEFAULT_MAX_TENANT_SHARD_BYTES,
+    parse_byte_size,
+)
+from agentspec._wire import DEFAULT_MAX_BODY_BYTES
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["ENV_PREFIX", "AgentSpecVllmConfig", "load_config"]
@@ -48,6 +62,17 @@ ENV_PREFIX = "AGENTSPEC_VLLM_"
 
 #: Keys whose environment variable does not follow ``ENV_PREFIX + KEY``.
 _ENV_NAMES = {"api_key": "AGENTSPEC_API_KEY", "shm_dir": "AGENTSPEC_SHM_DIR"}
+
+#: Keys holding byte counts (sizes such as ``512MiB`` accepted).
+_SIZE_KEYS = frozenset(
+    {
+        "max_learned_bytes",
+        "max_tenant_learned_bytes",
+        "max_shard_bytes",
+        "max_tenant_shard_bytes",
+        "max_body_bytes",
+    }
+)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -63,12 +88,16 @@ class AgentSpecVllmConfig:
     lead_tokens: int = 8
     cold_tokens: int = 256
     max_shard_tokens: int | None = None
+    max_learned_bytes: int | None = DEFAULT_MAX_LEARNED_BYTES
+    max_tenant_learned_bytes: int | None = DEFAULT_MAX_TENANT_LEARNED_BYTES
+    max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+    max_tenant_shard_bytes: int | None = DEFAULT_MAX_TENANT_SHARD_BYTES
     local_tree: bool = True
     learn: bool = True
     live_learning: bool = True
     api_key: str | None = dataclasses.field(default=None, repr=False)
     shm_dir: str | None = None
-    max_body_bytes: int = 256 << 20
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         """Validate the fields (InvalidArgumentError names the bad one)."""
@@ -96,6 +125,15 @@ class AgentSpecVllmConfig:
             raise InvalidArgumentError(
                 f"agentspec max_shard_tokens must be >= 0, not {self.max_shard_tokens}"
             )
+        for name in (
+            "max_learned_bytes",
+            "max_tenant_learned_bytes",
+            "max_shard_bytes",
+            "max_tenant_shard_bytes",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidArgumentError(f"agentspec {name} must be >= 0 or none, not {value}")
         if self.max_body_bytes < 1:
             raise InvalidArgumentError(
                 f"agentspec max_body_bytes must be >= 1, not {self.max_body_bytes}"
@@ -119,6 +157,11 @@ def _convert(key: str, value: object, where: str) -> Any:
     """``value`` as the type of field ``key`` (strings from the environment are parsed)."""
     kind = _FIELDS[key].type
     try:
+        if key in _SIZE_KEYS and not isinstance(value, (bool, float)):
+            size = parse_byte_size(value, key)
+            if size is None and kind == "int":
+                raise ValueError(value)
+            return size
         if kind == "bool":
             if isinstance(value, bool):
                 return value

@@ -51,6 +51,7 @@ from types import FrameType
 from typing import Any
 
 from agentspec import Draft, DraftParams, ShardKey, Speculator, SuffixTree
+from agentspec._budget import LearnedBudget
 from agentspec._log import get_logger
 from agentspec._shardkey import DEFAULT_TENANT, check_key
 from agentspec.exceptions import InvalidArgumentError
@@ -136,7 +137,10 @@ class AgentSpecProposer:
         self.config: AgentSpecVllmConfig = load_config(
             getattr(vllm_config, "additional_config", None)
         )
-        self.intake = worker_intake(self.config)
+        # The intake refuses shards holding ids outside the model's vocabulary (422).
+        self.intake = worker_intake(self.config, self.vocab_size)
+        self.learned_budget = LearnedBudget(self.config.max_learned_bytes)
+        self.intake.add_stats("learned", self.learned_stats)
         self._params: dict[int, DraftParams] = {}
         self._tenants: dict[str, Speculator] = {}
         self._active: dict[str, _Active] = {}
@@ -266,6 +270,7 @@ class AgentSpecProposer:
                 max_spec_tokens=self.num_speculative_tokens,
                 alpha=self.config.alpha,
                 min_token_prob=self.config.min_token_prob,
+                vocab_size=self.vocab_size,
             )
         ids = [req_id for _, req_id, _, _ in rows]
         caps = [cap for _, _, _, cap in rows]
@@ -310,14 +315,27 @@ class AgentSpecProposer:
                     max_spec_tokens=self.num_speculative_tokens,
                     alpha=cfg.alpha,
                     min_token_prob=cfg.min_token_prob,
+                    vocab_size=self.vocab_size,
                 ),
                 local_tree=cfg.local_tree,
                 cold_tokens=cfg.cold_tokens,
                 max_shard_tokens=cfg.max_shard_tokens,
                 lead_tokens=cfg.lead_tokens,
                 live=cfg.live_learning and cfg.learn,
+                max_bytes=cfg.max_tenant_learned_bytes,
+                budget=self.learned_budget,
             )
         return spec
+
+    def learned_stats(self) -> dict[str, Any]:
+        """Memory of the learned shards: budgets, bytes held, evictions per tenant."""
+        return {
+            "max_bytes": self.learned_budget.max_bytes,
+            "max_tenant_bytes": self.config.max_tenant_learned_bytes,
+            "max_shard_tokens": self.config.max_shard_tokens,
+            "bytes": self.learned_budget.bytes,
+            "tenants": {t: self._tenants[t].memory() for t in sorted(self._tenants)},
+        }
 
     def _key_stats(self, key: ShardKey) -> KeyStats:
         stats = self._stats.get(key)
@@ -389,6 +407,7 @@ class AgentSpecProposer:
             "tenants": sorted(self._tenants),
             "bad_tags": self._bad_tags,
             "keys": keys,
+            "learned": self.learned_stats(),
             "config": self.config.public(),
         }
 

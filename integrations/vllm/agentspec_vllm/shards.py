@@ -25,8 +25,12 @@ _lock = threading.Lock()
 _intake: ShardIntake | None = None
 
 
-def worker_intake(config: AgentSpecVllmConfig) -> ShardIntake:
-    """This process's intake, made from ``config`` on the first call."""
+def worker_intake(config: AgentSpecVllmConfig, vocab_size: int | None = None) -> ShardIntake:
+    """This process's intake, made from ``config`` on the first call.
+
+    ``vocab_size`` (the model's, when the caller knows it) is set on an
+    intake that has none yet: shards holding other ids then get 422.
+    """
     global _intake
     with _lock:
         if _intake is None:
@@ -35,7 +39,11 @@ def worker_intake(config: AgentSpecVllmConfig) -> ShardIntake:
                 max_depth=config.max_depth,
                 max_body_bytes=config.max_body_bytes,
                 shm_dir=config.shm_dir,
+                max_bytes=config.max_shard_bytes,
+                max_tenant_bytes=config.max_tenant_shard_bytes,
             )
+        if vocab_size is not None and _intake.vocab_size is None:
+            _intake.vocab_size = vocab_size
         return _intake
 
 

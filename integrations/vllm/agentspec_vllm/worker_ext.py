@@ -60,7 +60,8 @@ class AgentSpecWorkerExtension:
         proposer = self.agentspec_proposer()
         if proposer is not None:
             return proposer.intake
-        return worker_intake(load_config(getattr(self.vllm_config, "additional_config", None)))
+        config = load_config(getattr(self.vllm_config, "additional_config", None))
+        return worker_intake(config, _vocab_size(self.vllm_config))
 
     def agentspec_handle(
         self,
@@ -92,4 +93,14 @@ class AgentSpecWorkerExtension:
             "instance": intake.instance,
             "proposer": None if proposer is None else proposer.stats(),
             "pushed": [shard.to_json() for shard in intake.shards()],
+            "pushed_budget": intake.budget(),
         }
+
+
+def _vocab_size(vllm_config: Any) -> int | None:
+    """The model's vocabulary size from vLLM's config (None when unknown)."""
+    model = getattr(vllm_config, "model_config", None)
+    try:
+        return int(model.get_vocab_size()) if model is not None else None
+    except Exception:  # a config without a model (tests) or an unloadable one
+        return None

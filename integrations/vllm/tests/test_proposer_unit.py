@@ -10,6 +10,7 @@ matches the request's predetermined output, plus one token, writes them into
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -336,6 +337,11 @@ def test_pushed_tokens_outside_the_vocabulary_are_cut() -> None:
     loop = Loop(proposer)
     worker = Worker(loop, config)
     bad = [*ANSWER[:3], VOCAB + 5, *ANSWER[3:]]
+    # The intake knows the model's vocabulary: such a shard is refused.
+    assert proposer.intake.vocab_size == VOCAB
+    assert _push(worker, ("default", None, "S"), _snapshot(PROMPT[-8:] + bad)) == 422
+    # Taken without the bound (e.g. before it was known), drafts still end there.
+    proposer.intake.vocab_size = None
     assert _push(worker, ("default", None, "S"), _snapshot(PROMPT[-8:] + bad)) == 200
     loop.add("a", PROMPT, ANSWER, stage="S")
     loop.step()
@@ -478,3 +484,93 @@ def test_live_response_of_a_restarted_request_is_not_learned() -> None:
     loop.remove("a")
     loop.step()
     assert (len(tree), tree.stats().open_sequences) == (1, 0)
+
+
+# --- memory budgets -------------------------------------------------------------------
+
+
+def test_budget_settings_from_the_environment_and_the_config() -> None:
+    cfg = load_config(None, {})
+    assert (cfg.max_shard_bytes, cfg.max_tenant_shard_bytes) == (1 << 30, 256 << 20)
+    assert (cfg.max_learned_bytes, cfg.max_tenant_learned_bytes) == (1 << 30, 256 << 20)
+    assert cfg.max_body_bytes == 32 << 20
+    env = {
+        "AGENTSPEC_VLLM_MAX_SHARD_BYTES": "512MiB",
+        "AGENTSPEC_VLLM_MAX_TENANT_SHARD_BYTES": "none",
+        "AGENTSPEC_VLLM_MAX_LEARNED_BYTES": "2GiB",
+        "AGENTSPEC_VLLM_MAX_TENANT_LEARNED_BYTES": "1000000",
+        "AGENTSPEC_VLLM_MAX_SHARD_TOKENS": "4096",
+        "AGENTSPEC_VLLM_MAX_BODY_BYTES": "8M",
+    }
+    cfg = load_config(None, env)
+    assert cfg.max_shard_bytes == 512 << 20
+    assert cfg.max_tenant_shard_bytes is None
+    assert cfg.max_learned_bytes == 2 << 30
+    assert cfg.max_tenant_learned_bytes == 1_000_000
+    assert cfg.max_shard_tokens == 4096
+    assert cfg.max_body_bytes == 8 << 20
+    # the additional config wins over the environment
+    cfg = load_config({"agentspec": {"max_shard_bytes": "1GiB", "max_learned_bytes": None}}, env)
+    assert (cfg.max_shard_bytes, cfg.max_learned_bytes) == (1 << 30, None)
+    assert cfg.public()["max_tenant_learned_bytes"] == 1_000_000
+    with pytest.raises(InvalidArgumentError, match="max_shard_bytes"):
+        load_config({}, {"AGENTSPEC_VLLM_MAX_SHARD_BYTES": "lots"})
+    with pytest.raises(InvalidArgumentError, match="max_body_bytes"):
+        load_config({}, {"AGENTSPEC_VLLM_MAX_BODY_BYTES": "none"})
+    with pytest.raises(InvalidArgumentError, match="max_learned_bytes"):
+        load_config({"agentspec": {"max_learned_bytes": -1}}, {})
+
+
+def test_vllm_args_budgets_pass_the_plugin_check() -> None:
+    from agentspec.cli_vllm import vllm_launch
+
+    launch = vllm_launch(
+        agentspec_config={"max_shard_bytes": 1 << 29, "max_learned_bytes": None}, environ={}
+    )
+    extra = launch.args[launch.args.index("--additional-config") + 1]
+    assert load_config(json.loads(extra), {}).max_shard_bytes == 1 << 29
+    with pytest.raises(InvalidArgumentError, match="max_tenant_shard_bytes"):
+        vllm_launch(agentspec_config={"max_tenant_shard_bytes": "lots"}, environ={})
+
+
+def test_worker_intake_has_the_budgets_and_the_vocabulary() -> None:
+    config = vllm_config(max_shard_bytes="4MiB", max_tenant_shard_bytes=20_000, max_body_bytes=4096)
+    proposer = AgentSpecProposer(config)
+    intake = proposer.intake
+    assert (intake.max_bytes, intake.max_tenant_bytes) == (4 << 20, 20_000)
+    assert (intake.max_body_bytes, intake.vocab_size) == (4096, VOCAB)
+    worker = Worker(Loop(proposer), config)
+    assert _push(worker, ("acme", None, "S"), _snapshot(ANSWER)) == 200
+    big = SuffixTree(64)
+    big.add(1, [t % VOCAB for t in range(900)])
+    assert _push(worker, ("acme", None, "T"), big.to_bytes()) == 507  # over acme's 20 kB
+    assert _push(worker, ("other", None, "T"), _snapshot(ANSWER)) == 200
+    status, _, body = worker.agentspec_handle("GET", SHARDS_PATH, "", {}, b"")
+    assert status == 200
+    listing = json.loads(body)
+    assert listing["budget"]["tenants"]["acme"]["refused"] == 1
+    assert listing["budget"]["tenants"]["other"]["refused"] == 0
+    assert "learned" in listing
+    assert worker.agentspec_stats()["pushed_budget"]["refused"] == 1
+
+
+def test_worker_extension_alone_takes_the_vocabulary_from_the_model_config() -> None:
+    config = vllm_config()
+    worker = Worker(SimpleNamespace(drafter=None), config)
+    assert worker.agentspec_intake().vocab_size == VOCAB
+    assert _push(worker, ("default", None, "S"), _snapshot([1, 2, VOCAB])) == 422
+
+
+def test_learned_shards_evict_at_the_tenant_budget() -> None:
+    proposer = AgentSpecProposer(vllm_config(max_tenant_learned_bytes=12_000))
+    loop = Loop(proposer)
+    for i in range(12):
+        answer = [(t * (i + 3)) % VOCAB for t in range(40)]
+        loop.run(f"r{i}", PROMPT, answer, stage="S", tenant="acme")
+        loop.step()
+        learned = proposer.stats()["learned"]
+        assert learned["tenants"]["acme"]["bytes"] <= 12_000
+    assert learned["tenants"]["acme"]["evicted_sequences"] > 0
+    assert learned["tenants"]["acme"]["evicted_bytes"] > 0
+    assert learned["max_tenant_bytes"] == 12_000
+    assert learned["bytes"] == proposer.learned_budget.bytes
