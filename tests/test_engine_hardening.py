@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +32,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+from http_burst import get_round, handshakes_done, open_burst  # noqa: E402
 
 from agentspec import ShardPusher, ShardStore, SuffixTree  # noqa: E402
 from agentspec._wire import (  # noqa: E402
@@ -524,74 +524,15 @@ def test_fuzzed_request_bodies_never_get_a_5xx(
 # --- 5. connection bursts ---------------------------------------------------------------
 
 
-def _open_burst(port: int, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        socks.append(s)
-    return socks
-
-
-def _health_round(socks: list[socket.socket], deadline: float) -> list[str]:
-    """Send ``GET /health`` on each (connecting) socket; the errors of those not answered 200."""
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    sel = selectors.DefaultSelector()
-    got: dict[socket.socket, bytes] = {}
-    for s in socks:
-        sel.register(s, selectors.EVENT_WRITE)
-    errors: list[str] = []
-    pending = len(socks)
-    while pending and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            try:
-                if key.events == selectors.EVENT_WRITE:
-                    s.sendall(request)  # a small request fits the send buffer
-                    got[s] = b""
-                    sel.modify(s, selectors.EVENT_READ)
-                    continue
-                piece = s.recv(4096)
-            except OSError as exc:
-                errors.append(repr(exc))
-                piece = b""
-            if piece:
-                got[s] += piece
-                continue
-            sel.unregister(s)
-            pending -= 1
-            if not got.get(s, b"").startswith(b"HTTP/1.1 200"):
-                errors.append(f"answer {got.get(s, b'')[:40]!r}")
-    errors += ["timed out"] * pending
-    sel.close()
-    for s in socks:
-        s.close()
-    return errors
-
-
 def test_listen_backlog_holds_a_burst_of_128_connections(model_tok: tuple[Any, Any]) -> None:
     srv = EngineServer.create(*model_tok)  # bound and listening, not accepting yet
     try:
         assert srv._httpd.request_queue_size >= 128
-        socks = _open_burst(srv.port, 128)
-        # Every handshake completes in the kernel's accept queue: with the old
-        # backlog of 5 all but 6 stayed in SYN_SENT (a dropped SYN is retried
-        # after 1 s, 3 s, ... and short client timeouts expire).  The window stays
-        # under that first retry; loopback handshakes take microseconds.
-        sel = selectors.DefaultSelector()
-        for s in socks:
-            sel.register(s, selectors.EVENT_WRITE)
-        ready: set[Any] = set()
-        deadline = time.monotonic() + 0.9
-        while len(ready) < len(socks) and time.monotonic() < deadline:
-            ready |= {k.fileobj for k, _ in sel.select(max(0.0, deadline - time.monotonic()))}
-        sel.close()
-        assert len(ready) == 128
-        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in socks)
+        socks = open_burst(srv.port, 128)
+        # with the old backlog of 5 all but 6 stayed in SYN_SENT
+        assert handshakes_done(socks)
         srv.start()
-        assert _health_round(socks, time.monotonic() + 60) == []
+        assert get_round(socks, "/health", time.monotonic() + 60) == []
     finally:
         srv.stop()
         srv.engine.close()
@@ -625,7 +566,7 @@ def test_128_connections_and_32_streams_without_errors(server: EngineServer) -> 
     health_errors: list[str] = []
     # bursts of 128 simultaneous /health connections while the streams run
     while rounds == 0 or (any(t.is_alive() for t in clients) and time.monotonic() < stop):
-        health_errors += _health_round(_open_burst(server.port, 128), time.monotonic() + 60)
+        health_errors += get_round(open_burst(server.port, 128), "/health", time.monotonic() + 60)
         rounds += 1
     for t in clients:
         t.join(300)

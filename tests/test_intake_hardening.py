@@ -14,7 +14,6 @@ import http.client
 import json
 import os
 import random
-import selectors
 import socket
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from http_burst import get_round, handshakes_done, open_burst
 
 from agentspec import SuffixTree, _lowlevel
 from agentspec._intake import IntakeHTTPServer, ShardIntake, serve_intake
@@ -418,76 +418,16 @@ def test_a_snapshot_build_holds_no_lock(monkeypatch: pytest.MonkeyPatch) -> None
 # --- 5. listen backlog -----------------------------------------------------------
 
 
-def _open_burst(port: int, n: int) -> list[socket.socket]:
-    """Start n non-blocking TCP connects at once (no waiting between them)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        socks.append(s)
-    return socks
-
-
-def _list_round(socks: list[socket.socket], deadline: float) -> list[str]:
-    """``GET /v1/agentspec/shards`` on each socket; the errors of those not answered 200."""
-    request = f"GET {SHARDS_PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-    sel = selectors.DefaultSelector()
-    got: dict[socket.socket, bytes] = {}
-    for s in socks:
-        sel.register(s, selectors.EVENT_WRITE)
-    errors: list[str] = []
-    pending = len(socks)
-    while pending and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            try:
-                if key.events == selectors.EVENT_WRITE:
-                    s.sendall(request)
-                    got[s] = b""
-                    sel.modify(s, selectors.EVENT_READ)
-                    continue
-                piece = s.recv(4096)
-            except OSError as exc:
-                errors.append(repr(exc))
-                piece = b""
-            if piece:
-                got[s] += piece
-                continue
-            sel.unregister(s)
-            pending -= 1
-            if not got.get(s, b"").startswith(b"HTTP/1.1 200"):
-                errors.append(f"answer {got.get(s, b'')[:40]!r}")
-    errors += ["timed out"] * pending
-    sel.close()
-    for s in socks:
-        s.close()
-    return errors
-
-
 def test_listen_backlog_holds_a_burst_of_128_connections() -> None:
     intake = ShardIntake()
     server = IntakeHTTPServer(("127.0.0.1", 0), intake)  # listening, not accepting yet
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     try:
         assert server.request_queue_size >= 1024
-        socks = _open_burst(server.port, 128)
-        # Every handshake completes in the kernel's accept queue: with the
-        # default backlog of 5 most stay in SYN_SENT (a dropped SYN is retried
-        # after 1 s).  The window stays under that first retry.
-        sel = selectors.DefaultSelector()
-        for s in socks:
-            sel.register(s, selectors.EVENT_WRITE)
-        ready: set[Any] = set()
-        deadline = time.monotonic() + 0.9
-        while len(ready) < len(socks) and time.monotonic() < deadline:
-            ready |= {k.fileobj for k, _ in sel.select(max(0.0, deadline - time.monotonic()))}
-        sel.close()
-        assert len(ready) == 128
-        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in socks)
+        socks = open_burst(server.port, 128)
+        assert handshakes_done(socks)  # the default backlog of 5 leaves most in SYN_SENT
         thread.start()
-        assert _list_round(socks, time.monotonic() + 60) == []
+        assert get_round(socks, SHARDS_PATH, time.monotonic() + 60) == []
     finally:
         if thread.is_alive():
             server.stop(thread)
