@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from build_spy import BuildSpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,21 +107,6 @@ def assert_exact(intake: ShardIntake) -> None:
     budget = intake.budget()
     assert budget["bytes"] == intake.held_bytes()
     assert {t: v["bytes"] for t, v in budget["tenants"].items() if v["shards"]} == per_tenant
-
-
-class BuildSpy:
-    """Counts every native call that validates, builds or loads shard bytes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[str] = []
-        for name in ("tree_from_bytes", "tree_load", "shard_max_token", "tree_create"):
-            real = getattr(_lowlevel, name)
-
-            def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
-                self.calls.append(_name)
-                return _real(*args)
-
-            monkeypatch.setattr(_lowlevel, name, spy)
 
 
 # --- sizes and defaults ---------------------------------------------------------------

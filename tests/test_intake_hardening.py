@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from build_spy import BuildSpy
 from http_burst import get_round, handshakes_done, open_burst
 
 from agentspec import SuffixTree, _lowlevel
@@ -88,21 +89,6 @@ def big_tree(depth: int, n_seqs: int = 20, length: int = 5000, seed: int = 0) ->
     for i in range(1, n_seqs + 1):
         t.add(i, [rng.randrange(1 << 30) for _ in range(length)])
     return t
-
-
-class BuildSpy:
-    """Counts every native call that validates, builds or loads shard bytes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[str] = []
-        for name in ("tree_from_bytes", "tree_load", "shard_max_token", "tree_create"):
-            real = getattr(_lowlevel, name)
-
-            def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
-                self.calls.append(_name)
-                return _real(*args)
-
-            monkeypatch.setattr(_lowlevel, name, spy)
 
 
 # --- 1. depth from the header, before any build ------------------------------------
