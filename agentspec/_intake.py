@@ -1111,7 +1111,7 @@ class IntakeRequestHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log through structlog at debug level instead of stderr."""
-        _log.debug("agentspec.intake.http", message=format % args)
+        _log.debug("agentspec.intake.http", line=format % args)
 
     def dispatch(
         self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes

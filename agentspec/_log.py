@@ -24,6 +24,21 @@ LOGGER_NAME = "agentspec"
 _stdlib = logging.getLogger(LOGGER_NAME)
 _stdlib.addHandler(logging.NullHandler())
 
+#: `logging.LogRecord` attributes: an ``extra`` key among them makes
+#: `logging.Logger.makeRecord` raise KeyError (``message=...`` would).
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+def _rename_reserved(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Suffix ``_`` to keys that would collide with LogRecord attributes."""
+    for key in [k for k in event_dict if k in _RESERVED]:
+        event_dict[f"{key}_"] = event_dict.pop(key)
+    return event_dict
+
+
 _logger: Any = structlog.wrap_logger(
     _stdlib,
     wrapper_class=structlog.stdlib.BoundLogger,
@@ -32,6 +47,7 @@ _logger: Any = structlog.wrap_logger(
         structlog.stdlib.filter_by_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
+        _rename_reserved,
         structlog.stdlib.render_to_log_kwargs,
     ],
     cache_logger_on_first_use=True,

@@ -33,3 +33,14 @@ def test_records_reach_the_application_with_bound_fields(
     assert records[0].stage == "SQL"  # type: ignore[attr-defined]
     assert records[0].tokens == 12  # type: ignore[attr-defined]
     assert records[0].session_id == "s-1"  # type: ignore[attr-defined]
+
+
+def test_fields_named_like_logrecord_attributes_are_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``message=`` (a LogRecord attribute) once made makeRecord raise KeyError."""
+    with caplog.at_level(logging.DEBUG, logger=LOGGER_NAME):
+        get_logger().debug("agentspec-test", message="m", name="n", args="a", line="l")
+    (rec,) = [r for r in caplog.records if r.name == LOGGER_NAME]
+    assert rec.getMessage() == "agentspec-test"
+    assert (rec.message_, rec.name_, rec.args_, rec.line) == ("m", "n", "a", "l")
