@@ -13,6 +13,7 @@ arrive as attributes of the `logging.LogRecord`.
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -32,7 +33,9 @@ _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
-def _rename_reserved(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _rename_reserved(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """Suffix ``_`` to keys that would collide with LogRecord attributes."""
     for key in [k for k in event_dict if k in _RESERVED]:
         event_dict[f"{key}_"] = event_dict.pop(key)
