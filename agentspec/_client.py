@@ -21,6 +21,12 @@ as ``client=``) and changes three things about model calls
   caller's path only enqueues; a full queue drops (counted, logged).
 - **Traces** (``trace_path=``): sessions are written as conversation records
   readable by `agentspec.traces.read_traces` (``agentspec bench replay``).
+- **Fleet** (``redis=``, or a store made with it): each call also gets a
+  random ``agentspec_request_id`` in ``vllm_xargs`` (a caller's own value
+  wins), and every choice is learned -- and published to the fleet -- under
+  that identity, so a vLLM worker (or the embedded engine) that publishes
+  the same output under the same identity adds nothing twice
+  (docs/fleet.md, "Identities").
 
 Results are the openai objects themselves: a streamed call returns the real
 ``openai.Stream`` / ``AsyncStream`` (its iterator is teed).  Everything else
@@ -34,10 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 
@@ -58,6 +65,7 @@ from agentspec._tags import (
 from agentspec.exceptions import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from agentspec._fleet_outbox import FleetOptions
     from agentspec._pusher import ShardPusher
     from agentspec._store import ShardStore
 
@@ -71,6 +79,7 @@ class _Core:
     """What a client and its ``with_options`` copies share: tenant, options, recorder."""
 
     __slots__ = (
+        "fleet",
         "owns_store",
         "pusher",
         "recorder",
@@ -93,6 +102,7 @@ class _Core:
         push_to: str | Sequence[str] | None,
         push_api_key: str | None,
         lead_tokens: int,
+        redis: str | FleetOptions | Literal[False] | None = None,
     ) -> None:
         self.tenant = check_tag(tenant, "tenant")
         self.return_token_ids = bool(return_token_ids)
@@ -102,8 +112,11 @@ class _Core:
         if store is None:
             from agentspec._store import ShardStore
 
-            store = ShardStore()
+            store = ShardStore(redis=redis)
+        elif redis is not None:
+            raise InvalidArgumentError("pass redis= to the ShardStore given as store=, not here")
         self.store = store
+        self.fleet = store.fleet is not None
         trace = TraceSessions(trace_path) if trace_path is not None else None
         self.recorder = Recorder(
             store,
@@ -121,11 +134,13 @@ class _Core:
 
     # -- the request side
 
-    def prepare(self, api: Api, kwargs: dict[str, Any]) -> tuple[Tags, dict[str, Any] | None]:
+    def prepare(
+        self, api: Api, kwargs: dict[str, Any]
+    ) -> tuple[Tags, dict[str, Any] | None, str | None]:
         """Strip the tag keywords, add tags to body and headers (in place).
 
-        Returns the call's tags and, when traces are recorded, a snapshot of
-        the request fields they need.
+        Returns the call's tags, when traces are recorded a snapshot of the
+        request fields they need, and with a fleet the call's request id.
         """
         tags = resolve(
             kwargs.pop("session", None), kwargs.pop("stage", None), kwargs.pop("pipeline", None)
@@ -139,8 +154,11 @@ class _Core:
             raise InvalidArgumentError(
                 f"extra_body must be a mapping to add agentspec tags, got {type(body).__name__}"
             )
+        request_id = None
         if self.tags_in_body:
             xargs = {"agentspec_tenant": self.tenant}
+            if self.fleet:
+                xargs["agentspec_request_id"] = uuid.uuid4().hex
             if tags.session is not None:
                 xargs["agentspec_session"] = tags.session
             if tags.stage is not None:
@@ -156,6 +174,9 @@ class _Core:
                 raise InvalidArgumentError(
                     f"extra_body['vllm_xargs'] must be a mapping, got {type(own).__name__}"
                 )
+            if self.fleet:
+                rid = body["vllm_xargs"].get("agentspec_request_id")
+                request_id = rid if isinstance(rid, str) and 1 <= len(rid) <= 256 else None
         if self.return_token_ids and api != "responses":
             body.setdefault("return_token_ids", True)
         if body:
@@ -179,7 +200,7 @@ class _Core:
                 for k in _TRACE_FIELDS
                 if (v := kwargs.get(k)) is not None
             }
-        return tags, request
+        return tags, request, request_id
 
     # -- the response side
 
@@ -193,6 +214,7 @@ class _Core:
         raw: bool,
         streamed: bool,
         is_async: bool,
+        request_id: str | None = None,
     ) -> Any:
         """Hand ``result`` to the recorder (now, or when its stream ends); return it."""
         recorder = self.recorder
@@ -201,11 +223,11 @@ class _Core:
         elif isinstance(result, (openai.Stream, openai.AsyncStream)):
             stream = result
         else:
-            recorder.submit(Finished(api, tags, result, False, request))
+            recorder.submit(Finished(api, tags, result, False, request, request_id))
             return result
 
         def done(items: list[Any]) -> None:
-            recorder.submit(Finished(api, tags, items, True, request))
+            recorder.submit(Finished(api, tags, items, True, request, request_id))
 
         if is_async:
             tee_async_stream(stream, done)
@@ -251,7 +273,7 @@ class _Resource:
     def create(self, **kwargs: Any) -> Any:
         """The openai ``create``, tagged and learned; also takes ``session=/stage=/pipeline=``."""
         core = self._core
-        tags, request = core.prepare(self._api, kwargs)
+        tags, request, rid = core.prepare(self._api, kwargs)
         result = self._target.create(**kwargs)
         return core.finish(
             self._api,
@@ -261,15 +283,23 @@ class _Resource:
             raw=self._raw,
             streamed=bool(kwargs.get("stream")),
             is_async=False,
+            request_id=rid,
         )
 
     def parse(self, **kwargs: Any) -> Any:
         """The openai ``parse`` (structured outputs), tagged and learned."""
         core = self._core
-        tags, request = core.prepare(self._api, kwargs)
+        tags, request, rid = core.prepare(self._api, kwargs)
         result = self._target.parse(**kwargs)
         return core.finish(
-            self._api, tags, request, result, raw=self._raw, streamed=False, is_async=False
+            self._api,
+            tags,
+            request,
+            result,
+            raw=self._raw,
+            streamed=False,
+            is_async=False,
+            request_id=rid,
         )
 
     def stream(self, **kwargs: Any) -> Any:
@@ -300,7 +330,7 @@ class _AsyncResource(_Resource):
     async def create(self, **kwargs: Any) -> Any:
         """The openai ``create``, tagged and learned; also takes ``session=/stage=/pipeline=``."""
         core = self._core
-        tags, request = core.prepare(self._api, kwargs)
+        tags, request, rid = core.prepare(self._api, kwargs)
         result = await self._target.create(**kwargs)
         return core.finish(
             self._api,
@@ -310,15 +340,23 @@ class _AsyncResource(_Resource):
             raw=self._raw,
             streamed=bool(kwargs.get("stream")),
             is_async=True,
+            request_id=rid,
         )
 
     async def parse(self, **kwargs: Any) -> Any:
         """The openai ``parse`` (structured outputs), tagged and learned."""
         core = self._core
-        tags, request = core.prepare(self._api, kwargs)
+        tags, request, rid = core.prepare(self._api, kwargs)
         result = await self._target.parse(**kwargs)
         return core.finish(
-            self._api, tags, request, result, raw=self._raw, streamed=False, is_async=True
+            self._api,
+            tags,
+            request,
+            result,
+            raw=self._raw,
+            streamed=False,
+            is_async=True,
+            request_id=rid,
         )
 
 
@@ -512,8 +550,10 @@ def _core_kwargs(
     push_to: str | Sequence[str] | None,
     push_api_key: str | None,
     lead_tokens: int,
+    redis: str | FleetOptions | Literal[False] | None = None,
 ) -> dict[str, Any]:
     return {
+        "redis": redis,
         "lead_tokens": lead_tokens,
         "push_to": push_to,
         "push_api_key": push_api_key,
@@ -551,7 +591,10 @@ class AgentSpecClient(_Base):
       to (a `ShardPusher` on its own thread, closed with the client);
     - ``lead_tokens``: when the server returns the prompt's token ids too
       (vLLM ``prompt_token_ids``), learn each output behind the prompt's last
-      ``lead_tokens`` ids, as `agentspec.Speculator` does (0: output only).
+      ``lead_tokens`` ids, as `agentspec.Speculator` does (0: output only);
+    - ``redis``: publish what is learned to the fleet (a Redis URL or
+      `FleetOptions`; only for the store the client makes itself -- give a
+      ``store=`` its own ``redis=``; default: ``AGENTSPEC_REDIS_URL``).
 
     See the module docstring for what is tagged and learned.
     """
@@ -570,6 +613,7 @@ class AgentSpecClient(_Base):
         push_to: str | Sequence[str] | None = None,
         push_api_key: str | None = None,
         lead_tokens: int = 8,
+        redis: str | FleetOptions | Literal[False] | None = None,
         **openai_kwargs: Any,
     ) -> None:
         """Build or wrap the openai client; see the class docstring."""
@@ -589,6 +633,7 @@ class AgentSpecClient(_Base):
                 push_to,
                 push_api_key,
                 lead_tokens,
+                redis,
             ),
         )
 
@@ -640,6 +685,7 @@ class AsyncAgentSpecClient(_Base):
         push_to: str | Sequence[str] | None = None,
         push_api_key: str | None = None,
         lead_tokens: int = 8,
+        redis: str | FleetOptions | Literal[False] | None = None,
         **openai_kwargs: Any,
     ) -> None:
         """Build or wrap the openai client; see the class docstring."""
@@ -659,6 +705,7 @@ class AsyncAgentSpecClient(_Base):
                 push_to,
                 push_api_key,
                 lead_tokens,
+                redis,
             ),
         )
 

@@ -295,7 +295,9 @@ class Finished:
     ``result`` is the response model, the raw response of a non-streamed
     ``with_raw_response`` call, or the list of stream chunks / events.
     ``request`` is the snapshot of the call's arguments kept for traces
-    (None when no trace is recorded).
+    (None when no trace is recorded).  ``request_id`` is the call's
+    ``agentspec_request_id`` when the store publishes to a fleet: every
+    choice is learned under it as the identity, as the worker publishes it.
     """
 
     api: Api
@@ -303,6 +305,7 @@ class Finished:
     result: Any
     streamed: bool
     request: Mapping[str, Any] | None = None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -516,7 +519,7 @@ class Recorder:
             if ids is None and self._encoder is not None and out.text:
                 ids = list(self._encoder(out.text))
             if ids:
-                self.store.learn(key, ids)
+                self.store.learn(key, ids, identity=item.request_id)
                 with self._cond:
                     self._learned += 1
                 continue

@@ -30,6 +30,10 @@ up to 2**53, far beyond any ``XADD *`` id.
   the tenant config if Redis has none (``HSETNX``), and refuses the entry
   (error ``AGENTSPEC_CONFIG``) when the stored depth differs from the one
   the entry was encoded for.
+- `VERIFY`: for the publisher's durability window (`_fleet_window`):
+  whether each acknowledged entry is still at its stream id with the same
+  key and identity, or below the ``trimmed`` mark (then a snapshot holds
+  it, since trimming only follows snapshots).
 """
 
 from __future__ import annotations
@@ -122,3 +126,28 @@ if depth ~= ARGV[1] then
 end
 return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
 """
+
+#: KEYS: meta, stream.  ARGV: (stream id, key JSON, identity) triples.
+#: Returns one 1 (present, or trimmed behind a snapshot) or 0 (lost) per triple.
+VERIFY = (
+    _ID
+    + """
+local trimmed = redis.call('HGET', KEYS[1], 'trimmed') or '0-0'
+local out = {}
+for n = 1, #ARGV, 3 do
+  local ok = 0
+  local e = redis.call('XRANGE', KEYS[2], ARGV[n], ARGV[n], 'COUNT', 1)
+  if #e > 0 then
+    local f, k, i = e[1][2], nil, nil
+    for j = 1, #f, 2 do
+      if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'i' then i = f[j + 1] end
+    end
+    if k == ARGV[n + 1] and i == ARGV[n + 2] then ok = 1 end
+  elseif less(ARGV[n], trimmed) then
+    ok = 1
+  end
+  out[#out + 1] = ok
+end
+return out
+"""
+)

@@ -78,12 +78,17 @@ class PublisherStats:
 
     Attributes:
         connected: whether its last Redis call succeeded.
-        pending: entries accepted and not yet acknowledged by Redis.
+        pending: entries accepted and not yet settled (queued, in flight,
+            or in the durability window).
         published: entries Redis acknowledged.
         refused_full: `FleetPublisher.publish` calls refused (queue full or closed).
         rejected: entries Redis refused for good (no permission, too large, ...).
         failures: failed attempts to reach Redis (entries kept and retried).
         last_error: the last error, secrets removed (None: none yet).
+        unconfirmed: acknowledged entries waiting in the durability window.
+        durable: entries known to be durable (verified, or acknowledged
+            when there is no window).
+        lost: acknowledged entries Redis lost (found missing), sent again.
     """
 
     connected: bool
@@ -93,3 +98,6 @@ class PublisherStats:
     rejected: int
     failures: int
     last_error: str | None
+    unconfirmed: int = 0
+    durable: int = 0
+    lost: int = 0

@@ -8,7 +8,17 @@ Every change of a persisted shard is appended to its ``journal.log`` before
 little-endian, the CRC-32 covering ``kind``, ``len`` and the payload.  Kinds:
 
 - ``ADD``: seq id (i64, as 8 bytes) then the tokens as int32 (at least one);
-- ``REMOVE``: seq id (i64).
+- ``REMOVE``: seq id (i64);
+- ``ADD_ID``: an ``ADD`` that also carries the request identity the fleet
+  publishes it under: seq id (i64), identity length (u16), the identity
+  (UTF-8, 1..1024 bytes), then the tokens as int32 (at least one);
+- ``PUBLISHED``: the shard's published watermark (i64): every sequence of
+  the shard up to that id is durably in the fleet log, or will never be
+  published (see `agentspec._store_outbox`).  Written without fsync: losing
+  one only means republishing, which the fleet ids make harmless.
+
+A store without a fleet writes only ``ADD`` and ``REMOVE``, so its files
+stay readable by versions that predate the other two kinds.
 
 Records are written with one ``write`` each (a failed write is cut off
 again), so after a crash only the *tail* can be incomplete: a partial or
@@ -30,12 +40,16 @@ from agentspec.exceptions import StoreCorruptError
 
 __all__ = [
     "ADD",
+    "ADD_ID",
+    "PUBLISHED",
     "REMOVE",
     "JournalRecord",
     "JournalWriter",
     "ParsedJournal",
     "StoreCorruptError",
     "encode_add",
+    "encode_add_id",
+    "encode_published",
     "encode_remove",
     "int32_le",
     "parse_journal",
@@ -45,10 +59,15 @@ __all__ = [
 MAGIC = 0x4C4A5341  # b"ASJL" little-endian
 ADD = 1
 REMOVE = 2
+ADD_ID = 3
+PUBLISHED = 4
 
 _HEADER = struct.Struct("<IBII")  # magic, kind, len, crc32
 _KIND_LEN = struct.Struct("<BI")
 _SEQ = struct.Struct("<q")
+_SEQ_ID = struct.Struct("<qH")  # seq id, identity length
+#: Longest identity a record holds, in UTF-8 bytes.
+MAX_IDENTITY_BYTES = 1024
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 #: Largest payload a record may declare (a longer one is treated as damage).
 MAX_PAYLOAD = 1 << 30
@@ -59,16 +78,18 @@ class JournalRecord:
     """One decoded record.
 
     Attributes:
-        kind: `ADD` or `REMOVE`.
-        seq_id: the sequence id.
-        tokens: the int32 tokens of an ADD (raw little-endian bytes), else b"".
+        kind: `ADD`, `REMOVE`, `ADD_ID` or `PUBLISHED`.
+        seq_id: the sequence id (the watermark of a PUBLISHED record).
+        tokens: the int32 tokens of an ADD / ADD_ID (raw little-endian bytes), else b"".
         end: offset just past this record in the file.
+        identity: the request identity of an ADD_ID, else None.
     """
 
     kind: int
     seq_id: int
     tokens: bytes
     end: int
+    identity: str | None = None
 
     def token_list(self) -> list[int]:
         """The tokens of an ADD record as ints."""
@@ -88,9 +109,24 @@ def encode_add(seq_id: int, tokens_le: bytes) -> bytes:
     return _frame(ADD, _SEQ.pack(seq_id) + tokens_le)
 
 
+def encode_add_id(seq_id: int, identity: str, tokens_le: bytes) -> bytes:
+    """An ADD_ID record: ``seq_id`` learned under request ``identity``."""
+    ident = identity.encode("utf-8")
+    if not 1 <= len(ident) <= MAX_IDENTITY_BYTES:
+        raise ValueError(f"an identity needs 1..{MAX_IDENTITY_BYTES} UTF-8 bytes")
+    if not tokens_le or len(tokens_le) % 4:
+        raise ValueError("an ADD_ID record needs a non-empty whole number of int32 tokens")
+    return _frame(ADD_ID, _SEQ_ID.pack(seq_id, len(ident)) + ident + tokens_le)
+
+
 def encode_remove(seq_id: int) -> bytes:
     """A REMOVE record for ``seq_id``."""
     return _frame(REMOVE, _SEQ.pack(seq_id))
+
+
+def encode_published(watermark: int) -> bytes:
+    """A PUBLISHED record: every sequence up to ``watermark`` is settled in the fleet."""
+    return _frame(PUBLISHED, _SEQ.pack(watermark))
 
 
 def int32_le(tokens: memoryview | bytes) -> bytes:
@@ -112,7 +148,10 @@ def _decode_at(data: bytes, off: int) -> JournalRecord | None:
     if kind == ADD:
         if length < _SEQ.size + 4 or (length - _SEQ.size) % 4:
             return None
-    elif kind != REMOVE or length != _SEQ.size:
+    elif kind == ADD_ID:
+        if length < _SEQ_ID.size + 1 + 4:
+            return None
+    elif kind not in (REMOVE, PUBLISHED) or length != _SEQ.size:
         return None
     start = off + _HEADER.size
     end = start + length
@@ -121,8 +160,23 @@ def _decode_at(data: bytes, off: int) -> JournalRecord | None:
     payload = data[start:end]
     if zlib.crc32(payload, zlib.crc32(_KIND_LEN.pack(kind, length))) != crc:
         return None
+    if kind == ADD_ID:
+        return _decode_add_id(payload, end)
     (seq_id,) = _SEQ.unpack_from(payload)
     return JournalRecord(kind, seq_id, payload[_SEQ.size :], end)
+
+
+def _decode_add_id(payload: bytes, end: int) -> JournalRecord | None:
+    """An ADD_ID record from its (CRC-checked) payload, or None when malformed."""
+    seq_id, n = _SEQ_ID.unpack_from(payload)
+    tokens = payload[_SEQ_ID.size + n :]
+    if not 1 <= n <= MAX_IDENTITY_BYTES or not tokens or len(tokens) % 4:
+        return None
+    try:
+        identity = payload[_SEQ_ID.size : _SEQ_ID.size + n].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return JournalRecord(ADD_ID, seq_id, tokens, end, identity)
 
 
 def _valid_record_after(data: bytes, off: int) -> int | None:

@@ -13,18 +13,21 @@ import contextlib
 import math
 import os
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from agentspec import _lowlevel
 from agentspec._args import as_int
 from agentspec._draft import check_max_depth
+from agentspec._fleet_ids import check_identity
 from agentspec._journal import (
     ADD,
     StoreCorruptError,
     encode_add,
+    encode_add_id,
     int32_le,
 )
 from agentspec._log import get_logger
@@ -36,6 +39,7 @@ from agentspec._store_files import (
 from agentspec._store_import import imported_shard
 from agentspec._store_load import open_shards
 from agentspec._store_lock import DirLock, StoreLockedError
+from agentspec._store_outbox import StoreOutboxSource, fleet_options, start_outbox
 from agentspec._store_shard import Shard, ShardStats, oldest_shard
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
@@ -55,6 +59,9 @@ __all__ = [
     "StoreLockedError",
     "check_key",
 ]
+
+if TYPE_CHECKING:
+    from agentspec._fleet_outbox import FleetOptions, FleetOutbox
 
 _log = get_logger()
 
@@ -89,6 +96,15 @@ class ShardStore:
     Thread-safe: one lock guards every method.  `tree` hands out the live
     tree for reading; reading it while another thread learns into the
     same shard raises RuntimeError in one of them (see `SuffixTree`).
+
+    Fleet: with ``redis`` (a Redis URL or `FleetOptions`; by default the
+    ``AGENTSPEC_REDIS_URL`` environment variable, ``False`` to turn it off)
+    every sequence `learn` acknowledges is also published to its tenant's
+    fleet stream under its request identity, off the caller's path.  The
+    journal is the outbox: what Redis has not durably taken is republished
+    after a reconnect, a Redis restart, or when the store opens again
+    (docs/fleet.md, "The store as outbox").  Only sequences learned while a
+    fleet is configured are published.
     """
 
     #: Changes kept per shard for `delta_since`.
@@ -103,14 +119,17 @@ class ShardStore:
         fsync: bool = True,
         snapshot_every: int = 4096,
         lock_timeout: float = 0.0,
+        redis: str | FleetOptions | Literal[False] | None = None,
     ) -> None:
         """Open (or create) a store; see the class doc.
 
         Raises:
             StoreLockedError: another store holds the directory.
-            InvalidArgumentError, TypeError: a bad parameter.
+            InvalidArgumentError, TypeError: a bad parameter (or ``redis``
+                without the redis package installed).
             OSError: the directory cannot be created or read.
         """
+        fleet = fleet_options(redis)
         self._max_bytes = (
             None
             if max_bytes is None
@@ -136,6 +155,14 @@ class ShardStore:
         if path is not None:
             self._root = Path(os.fspath(path)).expanduser()
             self._open_dir(float(lock_timeout))
+        self._outbox: FleetOutbox | None = None
+        self._source: StoreOutboxSource | None = None
+        if fleet is not None:
+            try:
+                self._outbox, self._source = start_outbox(fleet, self._lock, self._shards)
+            except BaseException:
+                self.close()
+                raise
 
     # --- opening ------------------------------------------------------------------
 
@@ -236,7 +263,7 @@ class ShardStore:
 
     # --- learning -----------------------------------------------------------------
 
-    def learn(self, key: ShardKey, tokens: TokenArray) -> int:
+    def learn(self, key: ShardKey, tokens: TokenArray, *, identity: str | None = None) -> int:
         """Add one finished response to a shard; return its sequence id.
 
         Ids are per shard, increasing from 1.  With a path, the journal
@@ -244,16 +271,27 @@ class ShardStore:
         Then the byte budget is enforced (possibly evicting this sequence
         when it alone exceeds the budget).
 
+        With a fleet, the sequence is then published under ``identity``: the
+        request identity every side that may publish this response uses
+        (the client uses the call's ``agentspec_request_id``, as the vLLM
+        worker does; see docs/fleet.md); None: a random one (nothing else
+        will publish it).
+        Without a fleet ``identity`` is checked and not used.
+
         Raises:
-            InvalidArgumentError: a bad key, or an empty token list.
+            InvalidArgumentError: a bad key or identity, or an empty token list.
             TypeError, InvalidTokenError: bad tokens (nothing changes).
             OSError: the journal could not be written (nothing changes).
         """
         k = check_key(key)
+        ident = None if identity is None else check_identity(identity)
         _, n, buf = as_int32_buffer(tokens)
         if n == 0:
             raise InvalidArgumentError("cannot learn an empty token list")
         payload = int32_le(buf.tobytes())
+        source = self._source
+        if source is not None and ident is None:
+            ident = uuid.uuid4().hex
         with self._lock:
             self._check_open()
             shard = self._shards.get(k)
@@ -266,6 +304,9 @@ class ShardStore:
                 raise CapacityError("sequence ids of this shard are exhausted", repr(k))
             shard.tree.add(sid, buf)
             version = self._clock + 1
+            if source is not None:
+                assert ident is not None
+                shard.outbox.add(sid, ident)
             if created:  # its new directory's snapshot holds the sequence
                 shard.next_seq, shard.order[sid] = sid + 1, version
                 shard.note(version, ADD, sid, self.change_log_limit)
@@ -276,10 +317,16 @@ class ShardStore:
                 self._live_total += shard.live_bytes
             else:
                 if shard.journal is not None:
+                    record = (
+                        encode_add(sid, payload)
+                        if source is None or ident is None
+                        else encode_add_id(sid, ident, payload)
+                    )
                     try:
-                        shard.journal.append(encode_add(sid, payload), 1)
+                        shard.journal.append(record, 1)
                     except BaseException:
                         shard.tree.remove(sid)
+                        shard.outbox.drop(sid)
                         raise
                 shard.next_seq, shard.order[sid] = sid + 1, version
                 shard.note(version, ADD, sid, self.change_log_limit)
@@ -288,7 +335,11 @@ class ShardStore:
             notes = [(k, version)]
             touched = self._evict(notes)
             self._maybe_compact([shard, *touched])
+            if source is not None:
+                source.wake(k)
         self._notify(notes)
+        if self._outbox is not None:
+            self._outbox.kick()
         return sid
 
     # --- reading ------------------------------------------------------------------
@@ -398,7 +449,11 @@ class ShardStore:
             touched = self._evict(notes)
             self._maybe_compact(touched)
             version = shard.version
+            if self._source is not None and shard.outbox.unsent:
+                self._source.wake(k)
         self._notify(notes)
+        if self._outbox is not None:
+            self._outbox.kick()
         return version
 
     def drop(self, key: ShardKey) -> None:
@@ -444,6 +499,18 @@ class ShardStore:
         with self._lock, contextlib.suppress(ValueError):
             self._listeners.remove(fn)
 
+    # --- the fleet ------------------------------------------------------------------
+
+    @property
+    def fleet(self) -> FleetOutbox | None:
+        """The outbox publishing to the fleet (None without ``redis``).
+
+        ``store.fleet.stats()`` counts what is pending and settled;
+        ``store.fleet.flush(timeout)`` waits until Redis durably holds every
+        sequence learned so far.
+        """
+        return self._outbox
+
     # --- closing ------------------------------------------------------------------
 
     @property
@@ -454,8 +521,13 @@ class ShardStore:
     def close(self) -> None:
         """Close journals and release the directory lock (closing twice is allowed).
 
-        Trees handed out by `tree` stay readable.
+        Trees handed out by `tree` stay readable.  With a fleet, queued
+        entries get ``close_timeout`` seconds to reach Redis; whatever is not
+        settled is republished when the store opens again.
         """
+        outbox, self._outbox = getattr(self, "_outbox", None), None
+        if outbox is not None:
+            outbox.close()  # before the journals close: it settles into them
         with self._lock:
             if self._closed:
                 return

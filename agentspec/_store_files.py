@@ -44,7 +44,7 @@ import shutil
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,10 @@ class SnapshotMeta:
         order: ``(seq_id, stamp)`` of every sequence, oldest first.
         snapshot_crc32, snapshot_bytes: identify the ``snapshot.ashd`` it goes with.
         journal_bytes, journal_crc32: the journal content the snapshot covers.
+        published: the fleet watermark: every sequence up to this id is settled
+            (durably in the fleet log, or never to be published).
+        outbox: ``(seq_id, identity)`` of the sequences above it still to be
+            published (the journal's ADD_ID records hold those of its tail).
     """
 
     key: ShardKey
@@ -145,6 +149,8 @@ class SnapshotMeta:
     snapshot_bytes: int = 0
     journal_bytes: int = 0
     journal_crc32: int = 0
+    published: int = 0
+    outbox: list[tuple[int, str]] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         """The JSON file content."""
@@ -161,6 +167,9 @@ class SnapshotMeta:
             "journal_crc32": self.journal_crc32,
             "order": [list(p) for p in self.order],
         }
+        if self.published or self.outbox:  # absent for a store that never had a fleet
+            doc["published"] = self.published
+            doc["outbox"] = [list(p) for p in self.outbox]
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -191,15 +200,26 @@ class SnapshotMeta:
             if len(order) != len(doc["order"]):
                 raise ValueError("order entries must be [seq_id, stamp] pairs")
             key = check_key(tuple(doc["key"]))
+            published = _int(doc.get("published", 0))
+            outbox = [(_int(p[0]), _str(p[1])) for p in doc.get("outbox", ()) if len(p) == 2]
+            if len(outbox) != len(doc.get("outbox", ())):
+                raise ValueError("outbox entries must be [seq_id, identity] pairs")
         except (ValueError, KeyError, TypeError, IndexError, InvalidArgumentError) as e:
             raise StoreCorruptError(f"{where}: unreadable bookkeeping: {e}") from None
-        return cls(key=key, order=order, **ints)
+        return cls(key=key, order=order, published=published, outbox=outbox, **ints)
 
 
 def _int(value: Any) -> int:
     """A JSON int (bools refused)."""
     if type(value) is not int:
         raise TypeError(f"expected an int, got {type(value).__name__}")
+    return value
+
+
+def _str(value: Any) -> str:
+    """A non-empty JSON string."""
+    if type(value) is not str or not value:
+        raise TypeError(f"expected a non-empty str, got {type(value).__name__}")
     return value
 
 

@@ -7,6 +7,7 @@ from collections import deque
 
 from agentspec._journal import ADD, REMOVE
 from agentspec._shardkey import ShardKey
+from agentspec._store_outbox import ShardOutbox
 from agentspec._store_shard import Shard
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
@@ -61,7 +62,9 @@ def imported_shard(
     Replacing (or creating) takes the bytes' sequences and starts a fresh
     change log; merging keeps the old sequences' order and stamps, logs the
     removed and added ids, and treats ids a delta removes and re-adds as new.
-    ``old`` is not modified.
+    ``old`` is not modified.  The fleet outbox keeps the old watermark and,
+    when merging, the pending sequences still in the tree untouched by the
+    import (imported sequences are never published: they came from elsewhere).
 
     Raises:
         ShardFormatError (or a subclass): bad bytes or a depth mismatch.
@@ -89,6 +92,13 @@ def imported_shard(
         evicted=0 if old is None else old.evicted,
         order=order,
     )
+    if old is not None:
+        new = set(added)
+        kept = (
+            [] if replace else [p for p in old.outbox.items() if p[0] in order and p[0] not in new]
+        )
+        shard.outbox = ShardOutbox(old.outbox.published, kept)
+        shard.outbox.settle((), shard.next_seq)
     if old is not None and not replace:
         shard.log, shard.floor = deque(old.log), old.floor
         for s in gone:

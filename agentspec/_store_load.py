@@ -14,7 +14,16 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentspec._journal import ADD, JournalWriter, StoreCorruptError, parse_journal
+from agentspec._journal import (
+    ADD,
+    ADD_ID,
+    PUBLISHED,
+    REMOVE,
+    JournalRecord,
+    JournalWriter,
+    StoreCorruptError,
+    parse_journal,
+)
 from agentspec._log import get_logger
 from agentspec._shardkey import ShardKey, key_dir_name
 from agentspec._store_files import (
@@ -27,6 +36,7 @@ from agentspec._store_files import (
     recover_shards_dir,
     write_new_file,
 )
+from agentspec._store_outbox import ShardOutbox
 from agentspec._store_shard import Shard
 from agentspec._tree import SuffixTree
 from agentspec.exceptions import AgentSpecError, ShardFormatError
@@ -48,6 +58,10 @@ class LoadedShard:
         replayed: journal records applied on top of the snapshot.
         journal_size, journal_crc, journal_count: the valid journal content.
         needs_compaction: the files were repaired or are out of step.
+        published: the fleet watermark (bookkeeping and PUBLISHED records).
+        pending: identities of the sequences learned with a fleet (bookkeeping
+            and ADD_ID records); those above the watermark and still in the
+            tree are the outbox.
     """
 
     key: ShardKey
@@ -61,6 +75,8 @@ class LoadedShard:
     journal_crc: int = 0
     journal_count: int = 0
     needs_compaction: bool = False
+    published: int = 0
+    pending: dict[int, str] = field(default_factory=dict)
 
 
 def _read(path: Path) -> bytes:
@@ -143,12 +159,19 @@ def _recover(
         journal_crc=zlib.crc32(data[: parsed.good_size]),
         journal_count=len(parsed.records),
         needs_compaction=parsed.torn or not matches or skip > 0,
+        published=meta.published,
+        pending=dict(meta.outbox),
     )
     for rec in parsed.records:
         if rec.end > skip:
-            _apply(shard, rec.kind, rec.seq_id, rec.tokens, str(jpath))
+            _apply(shard, rec, str(jpath))
     ids = tree.sequence_ids()
     present = set(ids)
+    shard.pending = {
+        sid: ident
+        for sid, ident in shard.pending.items()
+        if sid > shard.published and sid in present
+    }
     order = {sid: stamp for sid, stamp in shard.order.items() if sid in present}
     for sid in ids:
         order.setdefault(sid, 0)
@@ -158,10 +181,15 @@ def _recover(
     return shard
 
 
-def _apply(shard: LoadedShard, kind: int, seq_id: int, tokens: bytes, where: str) -> None:
+def _apply(shard: LoadedShard, rec: JournalRecord, where: str) -> None:
     """Apply one journal record idempotently to a loaded shard."""
-    tree = shard.tree
-    if kind == ADD:
+    tree, kind, seq_id, tokens = shard.tree, rec.kind, rec.seq_id, rec.tokens
+    if kind == PUBLISHED:
+        shard.published = max(shard.published, seq_id)
+        return  # not a change of the tree
+    if kind == ADD_ID and rec.identity is not None:
+        shard.pending[seq_id] = rec.identity
+    if kind in (ADD, ADD_ID):
         if seq_id not in tree:
             arr = array.array("i")
             arr.frombytes(tokens)
@@ -173,7 +201,7 @@ def _apply(shard: LoadedShard, kind: int, seq_id: int, tokens: bytes, where: str
                 raise StoreCorruptError(f"{where}: record of sequence {seq_id}: {e}") from None
         shard.order.setdefault(seq_id, 0)
         shard.next_seq = max(shard.next_seq, seq_id + 1)
-    else:
+    elif kind == REMOVE:
         if seq_id in tree:
             tree.remove(seq_id)
         if shard.order.pop(seq_id, None) is not None:
@@ -225,6 +253,7 @@ def open_shards(root: Path, fsync: bool) -> tuple[dict[ShardKey, Shard], int, li
                 order=ls.order,
                 directory=d,
                 journal=journal,
+                outbox=ShardOutbox(ls.published, ls.pending.items()),
             )
             shard.dirty = ls.needs_compaction
             shards[ls.key] = shard

@@ -17,6 +17,7 @@ from agentspec._store_files import (
     replace_shard_dir,
     write_snapshot,
 )
+from agentspec._store_outbox import ShardOutbox
 from agentspec._tree import SuffixTree
 
 __all__ = ["Shard", "ShardStats", "oldest_shard"]
@@ -55,7 +56,8 @@ class Shard:
     ``order`` maps each live sequence id to its stamp (the store version at
     which it arrived), oldest first: the eviction order.  ``log`` holds
     ``(version, ADD | REMOVE, seq_id)`` of recent changes, complete for all
-    versions above ``floor``.
+    versions above ``floor``.  ``outbox`` is what the shard still has to
+    publish to the fleet (`agentspec._store_outbox`).
     """
 
     __slots__ = (
@@ -69,6 +71,7 @@ class Shard:
         "log",
         "next_seq",
         "order",
+        "outbox",
         "tree",
         "version",
     )
@@ -84,6 +87,7 @@ class Shard:
         order: dict[int, int] | None = None,
         directory: Path | None = None,
         journal: JournalWriter | None = None,
+        outbox: ShardOutbox | None = None,
     ) -> None:
         """A shard with an empty change log starting at ``version``."""
         self.key = key
@@ -94,6 +98,7 @@ class Shard:
         self.order: dict[int, int] = {} if order is None else order
         self.directory = directory
         self.journal = journal
+        self.outbox = outbox if outbox is not None else ShardOutbox()
         self.log: deque[tuple[int, int, int]] = deque()
         self.floor = version
         self.dirty = False
@@ -171,6 +176,8 @@ class Shard:
             version=self.version,
             evicted=self.evicted,
             order=list(self.order.items()),
+            published=self.outbox.published,
+            outbox=self.outbox.items(),
         )
 
     # --- disk -----------------------------------------------------------------
@@ -214,6 +221,7 @@ class Shard:
             except OSError as e:  # it comes back at the next open, and goes again
                 _log.error("agentspec shard store: cannot journal an eviction", error=str(e))
         del self.order[sid]
+        self.outbox.drop(sid)  # evicted before it was published: it never will be
         self.evicted += 1
         self.note(version, REMOVE, sid, log_limit)
         return self.refresh_bytes()

@@ -7,7 +7,8 @@ for the server's own "Ready to accept connections" log line (read from its
 stdout by a thread, an event, not a sleep), then for a PING to answer.
 `kill` is a crash (SIGKILL); `start` again reuses the directory, so with
 ``appendfsync always`` (the default here) every acknowledged write comes
-back; ``persist=False`` turns persistence off, so a restart loses all.
+back (``appendfsync="everysec"`` for Redis's usual setting); ``persist=False``
+turns persistence off, so a restart loses all.
 
 Outside CI, tests skip (with the reason) where the ``redis-server`` binary
 or the ``redis`` client is missing.  Under CI (``CI`` set, as `.ci/run`
@@ -56,13 +57,16 @@ def _free_port() -> int:
 class RedisServer:
     """One redis-server process (see the module docstring)."""
 
-    def __init__(self, *, tcp: bool = False, persist: bool = True) -> None:
+    def __init__(
+        self, *, tcp: bool = False, persist: bool = True, appendfsync: str = "always"
+    ) -> None:
         """Prepare the directory (the server starts with `start`)."""
         assert REDIS_SERVER is not None
         self.dir = Path(tempfile.mkdtemp(prefix="as-redis-", dir="/tmp"))
         self.socket = self.dir / "r.sock"
         self.port = _free_port() if tcp else 0
         self.persist = persist
+        self.appendfsync = appendfsync
         self.proc: subprocess.Popen[str] | None = None
         self.reader: threading.Thread | None = None
         self.log: deque[str] = deque(maxlen=200)
@@ -75,7 +79,7 @@ class RedisServer:
         if self.port:
             args += ["--bind", "127.0.0.1"]
         if self.persist:
-            args += ["--appendonly", "yes", "--appendfsync", "always"]
+            args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             args += ["--appendonly", "no"]
         return args
