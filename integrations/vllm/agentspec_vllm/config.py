@@ -29,6 +29,17 @@ which wins over the default.  Each key's environment variable is
 - ``shm_dir`` (``AGENTSPEC_SHM_DIR``) [none]: directory ``snapshot-file``
   pushes may name (none: refused).
 - ``max_body_bytes`` [32 MiB]: largest push accepted (413 above).
+- ``redis_url`` [none]: join the fleet (see `agentspec_vllm.fleet`): draft
+  from the shards every replica learned and publish each finished response
+  there.  ``redis://``, ``rediss://`` or ``unix://``; prefer the variable
+  ``AGENTSPEC_VLLM_REDIS_URL`` when it holds a password (vLLM logs its
+  configuration; the plugin itself only ever shows the URL redacted).
+- ``fleet_max_tenants`` [16]: most tenants one worker subscribes to (one
+  background thread and one Redis connection each); later tenants draft
+  without fleet shards.
+- ``fleet_max_shard_tokens`` [1048576]: token budget of each fleet shard,
+  written for a tenant that has no fleet config in Redis yet (the first
+  writer wins; the depth written is ``max_depth``).
 
 Byte budgets count live tree bytes per worker (see `agentspec._budget`); they
 take an int or a size such as ``512MiB`` / ``1GiB``, and ``none`` turns a
@@ -74,6 +85,16 @@ _SIZE_KEYS = frozenset(
     }
 )
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password as ``***`` (imported late: redis is optional)."""
+    from agentspec._fleet_redis import redact_url
+
+    return redact_url(url)
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -98,6 +119,9 @@ class AgentSpecVllmConfig:
     api_key: str | None = dataclasses.field(default=None, repr=False)
     shm_dir: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    redis_url: str | None = dataclasses.field(default=None, repr=False)
+    fleet_max_tenants: int = 16
+    fleet_max_shard_tokens: int | None = 1 << 20
 
     def __post_init__(self) -> None:
         """Validate the fields (InvalidArgumentError names the bad one)."""
@@ -139,10 +163,28 @@ class AgentSpecVllmConfig:
                 f"agentspec max_body_bytes must be >= 1, not {self.max_body_bytes}"
             )
 
+        if self.redis_url is not None and not self.redis_url.startswith(_REDIS_SCHEMES):
+            raise InvalidArgumentError(
+                "agentspec redis_url must start with redis://, rediss:// or unix://",
+                f"got {_redacted(self.redis_url)!r:.80}",
+            )
+        if self.fleet_max_tenants < 1:
+            raise InvalidArgumentError(
+                f"agentspec fleet_max_tenants must be >= 1, not {self.fleet_max_tenants}"
+            )
+        if self.fleet_max_shard_tokens is not None and self.fleet_max_shard_tokens < 1:
+            raise InvalidArgumentError(
+                "agentspec fleet_max_shard_tokens must be >= 1 or none, "
+                f"not {self.fleet_max_shard_tokens}"
+            )
+
     def public(self) -> dict[str, Any]:
-        """The settings as JSON-ready values, the API key replaced by whether one is set."""
+        """The settings as JSON-ready values: the API key replaced by whether one is
+        set, the Redis URL's password by ``***``."""
         out = dataclasses.asdict(self)
         out["api_key"] = self.api_key is not None
+        if self.redis_url is not None:
+            out["redis_url"] = _redacted(self.redis_url)
         return out
 
 

@@ -40,15 +40,22 @@ inside it, so those tokens would cost compute for nothing),
 requests still in prefill get none, and drafted ids are always below the
 model's vocabulary size (a pushed shard from another tokenizer cannot crash
 the engine).
+
+With ``redis_url`` set the worker joins the fleet (`agentspec_vllm.fleet`):
+a request also drafts from the fleet shard of its key (the first request of
+a tenant starts that tenant's subscriber), and each finished response is
+published under ``extra_args["agentspec_request_id"]`` when the client sent
+one, else vLLM's request id.  Neither ever waits on Redis.
 """
 
 from __future__ import annotations
 
+import array
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentspec import Draft, DraftParams, ShardKey, Speculator, SuffixTree
 from agentspec._budget import LearnedBudget
@@ -58,7 +65,17 @@ from agentspec.exceptions import InvalidArgumentError
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
 from agentspec_vllm.shards import pushed_tree, worker_intake
 
-__all__ = ["TAG_PIPELINE", "TAG_SESSION", "TAG_STAGE", "TAG_TENANT", "AgentSpecProposer"]
+if TYPE_CHECKING:
+    from agentspec_vllm.fleet import WorkerFleet
+
+__all__ = [
+    "TAG_PIPELINE",
+    "TAG_REQUEST_ID",
+    "TAG_SESSION",
+    "TAG_STAGE",
+    "TAG_TENANT",
+    "AgentSpecProposer",
+]
 
 _log = get_logger()
 
@@ -66,6 +83,11 @@ TAG_TENANT = "agentspec_tenant"
 TAG_PIPELINE = "agentspec_pipeline"
 TAG_STAGE = "agentspec_stage"
 TAG_SESSION = "agentspec_session"
+#: The request identity fleet publications use (else vLLM's request id).
+TAG_REQUEST_ID = "agentspec_request_id"
+
+#: Longest fleet identity (agentspec._fleet_ids.MAX_IDENTITY, without importing redis).
+_MAX_IDENTITY = 256
 
 #: How many caller frames the runner is looked for in (propose <- runner method <- closure).
 _FRAME_DEPTH = 4
@@ -81,6 +103,7 @@ class KeyStats:
     drafts: int = 0  # non-empty drafts
     drafted_tokens: int = 0
     accepted_tokens: int = 0  # of drafted tokens, those the target model confirmed
+    published: int = 0  # finished responses handed to the fleet publisher
     sources: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +116,7 @@ class KeyStats:
             "drafts": self.drafts,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "published": self.published,
             "acceptance_rate": rate,
             "sources": dict(self.sources),
         }
@@ -109,6 +133,8 @@ class _Active:
     fed: int  # tokens of the row given to the speculator so far
     end: int  # the row's last possible length (prompt + max_tokens, or max_model_len)
     last_draft: int = 0  # length of the draft proposed at the previous step
+    identity: str = ""  # fleet identity (the client's agentspec_request_id, or vLLM's id)
+    tokens: array.array[int] | None = None  # lead + output so far (only in a fleet)
 
 
 class AgentSpecProposer:
@@ -149,11 +175,32 @@ class AgentSpecProposer:
         self._warned_unbound = False
         self._bad_tags = 0
         self.closed = False
+        self.fleet: WorkerFleet | None = None
+        if self.config.redis_url is not None:
+            self.fleet = self._make_fleet(self.config.redis_url)
         _log.info(
             "agentspec.vllm.proposer",
             num_speculative_tokens=self.num_speculative_tokens,
             max_model_len=self.max_model_len,
             config=self.config.public(),
+        )
+
+    def _make_fleet(self, url: str) -> WorkerFleet:
+        """The worker's fleet link (redis is imported only when a URL is set)."""
+        try:
+            from agentspec._fleet_config import FleetConfig
+            from agentspec_vllm.fleet import WorkerFleet
+        except ImportError as e:
+            raise InvalidArgumentError(
+                "agentspec redis_url needs the redis client in vLLM's Python",
+                "pip install 'agentspec-suffix[fleet]'",
+            ) from e
+
+        cfg = self.config
+        return WorkerFleet(
+            url,
+            FleetConfig(cfg.max_depth, cfg.fleet_max_shard_tokens),
+            max_tenants=cfg.fleet_max_tenants,
         )
 
     # --- vLLM interface -----------------------------------------------------
@@ -225,6 +272,11 @@ class AgentSpecProposer:
             end = min(end, prompt_len + max_tokens)
         act = self._active[req_id] = _Active(state, key, session, prompt_len, prompt_len, end)
         self._key_stats(key).requests += 1
+        if self.fleet is not None:
+            self.fleet.subscribe(key[0])
+            act.identity = self._identity(state, req_id)
+            start = max(0, prompt_len - self.config.lead_tokens)
+            act.tokens = array.array("i", row[start:prompt_len])
         return act
 
     def _feed(self, req_id: str, act: _Active, sampled: Sequence[int], n: int, row: Any) -> int:
@@ -234,7 +286,10 @@ class AgentSpecProposer:
             stats.accepted_tokens += len(sampled) - 1
         spec = self._tenants[act.key[0]]
         if n > act.fed:
-            spec.extend(req_id, row[act.fed : n])
+            new = row[act.fed : n]
+            spec.extend(req_id, new)
+            if act.tokens is not None:
+                act.tokens.extend(int(t) for t in new)
             act.fed = n
         act.last_draft = 0
         if not len(sampled):  # prefill chunk or discarded step
@@ -275,12 +330,14 @@ class AgentSpecProposer:
         ids = [req_id for _, req_id, _, _ in rows]
         caps = [cap for _, _, _, cap in rows]
         extra: list[tuple[SuffixTree, ...]] = []
+        fleet = self.fleet
         for _, _, act, _ in rows:
             pushed = pushed_tree(act.key)
-            extra.append(() if pushed is None else (pushed,))
+            shared = None if fleet is None else fleet.tree(act.key)
+            extra.append(tuple(t for t in (pushed, shared) if t is not None))
         try:
             return spec.draft_batch_source(ids, params, caps=caps, extra_trees=extra)
-        except RuntimeError:  # a pushed tree is being modified right now
+        except RuntimeError:  # a pushed (or fleet) tree is being modified right now
             return spec.draft_batch_source(ids, params, caps=caps)
 
     def _tags(self, state: Any) -> tuple[ShardKey, str | None]:
@@ -304,6 +361,19 @@ class AgentSpecProposer:
             _log.warning("agentspec.vllm.bad_tags", error=str(e))
             return (DEFAULT_TENANT, None, None), None
         return key, session
+
+    def _identity(self, state: Any, req_id: str) -> str:
+        """The fleet identity of a request: the client's ``agentspec_request_id``, else
+        vLLM's request id."""
+        params = getattr(state, "sampling_params", None)
+        extra = getattr(params, "extra_args", None) or {}
+        value = extra.get(TAG_REQUEST_ID) if isinstance(extra, Mapping) else None
+        if isinstance(value, str) and 1 <= len(value) <= _MAX_IDENTITY:
+            return value
+        if value is not None:
+            self._bad_tags += 1
+            _log.warning("agentspec.vllm.bad_request_id", using="vLLM's request id")
+        return req_id
 
     def _speculator(self, tenant: str) -> Speculator:
         spec = self._tenants.get(tenant)
@@ -350,6 +420,10 @@ class AgentSpecProposer:
         spec.finish(req_id, learn=learned)
         if learned:
             self._key_stats(act.key).learned += 1
+        fleet = self.fleet
+        if fleet is not None and act.tokens is not None and learn and act.fed > act.prompt_len:
+            queued = fleet.publish(act.key, act.tokens, act.identity)
+            self._key_stats(act.key).published += int(queued)
 
     def sweep(self, requests: Mapping[str, Any] | None = None) -> int:
         """Finish (and learn) every tracked request no longer in ``requests``.
@@ -409,6 +483,7 @@ class AgentSpecProposer:
             "keys": keys,
             "learned": self.learned_stats(),
             "config": self.config.public(),
+            "fleet": None if self.fleet is None else self.fleet.stats(),
         }
 
     def close(self) -> None:
@@ -419,6 +494,8 @@ class AgentSpecProposer:
         self._active.clear()
         self._runner = None
         self.closed = True
+        if self.fleet is not None:
+            self.fleet.close()
 
 
 def _tag(extra: Mapping[str, Any], name: str) -> str | None:

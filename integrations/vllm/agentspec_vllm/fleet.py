@@ -1,0 +1,175 @@
+"""The worker's link to the fleet: Redis-backed shards shared by every replica.
+
+With ``redis_url`` set (``AGENTSPEC_VLLM_REDIS_URL``), the proposer makes one
+`WorkerFleet`:
+
+- **Subscribing.** The first request of a tenant starts a
+  `agentspec._fleet_sub.FleetSubscriber` for it (at most ``fleet_max_tenants``
+  per worker; later tenants draft without fleet shards, logged once).  Its
+  background thread loads the tenant's snapshots and tails the tenant's
+  stream; the proposer drafts from the fleet tree of a request's shard key as
+  one more tree beside its own learned and pushed shards.  Looking a tree up
+  never waits on Redis (the subscriber double-buffers its trees).
+- **Publishing.** Each finished response is handed to one
+  `agentspec._fleet_pub.FleetPublisher`, whose queue and thread send it; the
+  decode step only hashes it.  Its tokens are the prompt's last
+  ``lead_tokens`` tokens followed by the output (what `agentspec.Speculator`
+  learns, and what the client side learns with the same ``lead_tokens``);
+  its identity is ``extra_args["agentspec_request_id"]`` when the client sent
+  one, else vLLM's request id.  A client publishing the same response under
+  the same identity produces the same fleet id, so the fleet learns it once.
+
+Redis down or slow never stops drafting or serving: the threads retry with
+backoff, the trees already loaded stay, a full publish queue drops the
+response (counted).  The URL's password never reaches a log line or a stat.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from agentspec._fleet_config import FleetConfig
+from agentspec._fleet_ids import check_identity
+from agentspec._fleet_pub import FleetPublisher, PublishStatus
+from agentspec._fleet_redis import redact_url
+from agentspec._fleet_sub import FleetSubscriber
+from agentspec._log import get_logger
+from agentspec._shardkey import ShardKey
+from agentspec._tree import SuffixTree
+from agentspec.exceptions import AgentSpecError
+
+__all__ = ["WorkerFleet"]
+
+_log = get_logger()
+
+
+class WorkerFleet:
+    """One worker's fleet subscribers (per tenant, started lazily) and its publisher.
+
+    Args:
+        url: the Redis URL (its password is never logged).
+        config: depth and per-shard token budget written for a tenant Redis
+            has no config for yet (Redis's own always wins).
+        max_tenants: most tenants subscribed at once.
+        **subscriber_options: passed to each `FleetSubscriber` (e.g. ``block_ms``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        config: FleetConfig,
+        *,
+        max_tenants: int = 16,
+        publisher_options: dict[str, Any] | None = None,
+        **subscriber_options: Any,
+    ) -> None:
+        """Start the publisher; subscribers start with their tenant's first request."""
+        self.url = redact_url(url)
+        self._url = url
+        self._config = config
+        self.max_tenants = max_tenants
+        self._sub_options = subscriber_options
+        self._subs: dict[str, FleetSubscriber] = {}
+        self._lock = threading.Lock()
+        self._warned_tenants = False
+        self.refused_tenants = 0
+        self.published = 0
+        self.dropped = 0  # queue full, closed, or a sequence the fleet cannot take
+        self.publisher = FleetPublisher(url, config=config, **(publisher_options or {}))
+        _log.info("agentspec.vllm.fleet", url=self.url, max_tenants=max_tenants)
+
+    def subscribe(self, tenant: str) -> FleetSubscriber | None:
+        """The tenant's subscriber, started on the first call (None: over ``max_tenants``)."""
+        sub = self._subs.get(tenant)
+        if sub is not None:
+            return sub
+        with self._lock:
+            sub = self._subs.get(tenant)
+            if sub is None:
+                if len(self._subs) >= self.max_tenants:
+                    self.refused_tenants += 1
+                    if not self._warned_tenants:
+                        self._warned_tenants = True
+                        _log.warning(
+                            "agentspec.vllm.fleet_tenants_full",
+                            max_tenants=self.max_tenants,
+                            hint="later tenants draft without fleet shards "
+                            "(raise fleet_max_tenants)",
+                        )
+                    return None
+                try:
+                    sub = FleetSubscriber(
+                        self._url, tenant, config=self._config, **self._sub_options
+                    )
+                except Exception as e:  # e.g. no thread could start: serve without it
+                    _log.error("agentspec.vllm.fleet_subscribe_failed", error=repr(e)[:200])
+                    return None
+                self._subs[tenant] = sub
+            return sub
+
+    def tree(self, key: ShardKey) -> SuffixTree | None:
+        """The fleet tree of ``key`` now, or None (no subscriber or no such shard yet)."""
+        sub = self._subs.get(key[0])
+        return None if sub is None else sub.tree(key)
+
+    def subscriber(self, tenant: str) -> FleetSubscriber | None:
+        """The tenant's subscriber if one was started."""
+        return self._subs.get(tenant)
+
+    def publish(self, key: ShardKey, tokens: Sequence[int] | Any, identity: str) -> bool:
+        """Queue one finished response for the fleet; never raises, never waits on Redis."""
+        try:
+            status = self.publisher.publish(key, tokens, check_identity(identity))
+        except (AgentSpecError, TypeError, ValueError) as e:
+            self.dropped += 1
+            _log.warning("agentspec.vllm.fleet_publish_refused", error=str(e)[:200])
+            return False
+        if status is PublishStatus.QUEUED:
+            self.published += 1
+            return True
+        self.dropped += 1
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        """Publisher and per-tenant subscriber stats (JSON-ready, no secrets)."""
+        pub = self.publisher.stats()
+        tenants: dict[str, Any] = {}
+        for tenant, sub in sorted(self._subs.items()):
+            s = sub.stats()
+            tenants[tenant] = {
+                "connected": s.connected,
+                "position": s.position,
+                "lag_ms": s.lag_ms,
+                "shards": len(s.shards),
+                "applied": s.applied,
+                "duplicates": s.duplicates,
+                "malformed": s.malformed,
+                "reconnects": s.reconnects,
+                "last_error": s.last_error,
+            }
+        return {
+            "url": self.url,
+            "published": self.published,
+            "dropped": self.dropped,
+            "refused_tenants": self.refused_tenants,
+            "publisher": {
+                "connected": pub.connected,
+                "pending": pub.pending,
+                "acknowledged": pub.published,
+                "rejected": pub.rejected,
+                "failures": pub.failures,
+                "last_error": pub.last_error,
+                "last_id": self.publisher.last_id,
+            },
+            "tenants": tenants,
+        }
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the subscribers and the publisher (unsent responses are dropped)."""
+        for sub in list(self._subs.values()):
+            sub.close(timeout)
+        left = self.publisher.close(timeout)
+        if left:
+            _log.warning("agentspec.vllm.fleet_unsent", responses=len(left))
