@@ -223,6 +223,11 @@ class Speculator:
         """Whether responses are learned while they are generated."""
         return self._live
 
+    @property
+    def lead_tokens(self) -> int:
+        """How many of its prompt's last tokens each response is learned behind."""
+        return self._lead_tokens
+
     def extend(self, req_id: Hashable, tokens: TokenArray) -> None:
         """Append generated (accepted) tokens to a request's context.
 

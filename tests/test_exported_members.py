@@ -10,6 +10,7 @@ import agentspec
 LAZY_SUBMODULES = {
     "bench",
     "chat",
+    "cli_fleet",
     "cli_push",
     "cli_shards",
     "cli_vllm",

@@ -143,6 +143,9 @@ class GenerationRequest:
         seed: seeds the sampling RNG (None: fresh entropy).
         key: the stage shard ``(tenant, pipeline, stage)``.
         speculate: draft (None: the engine's default).
+        identity: names the request to the fleet: its finished response is
+            published under it (see `Engine`'s ``on_learned``); None: not
+            published.
     """
 
     prompt_ids: Sequence[int]
@@ -153,6 +156,7 @@ class GenerationRequest:
     seed: int | None = None
     key: ShardKey = ("default", None, None)
     speculate: bool | None = None
+    identity: str | None = None
 
 
 @dataclass
@@ -270,6 +274,12 @@ class Engine:
         pushed_tree: ``key -> SuffixTree | None``, the shard pushed to this
             engine for a key (e.g. ``ShardIntake.tree``); drafted from
             together with the engine's own shard of that key.
+        fleet_tree: ``key -> SuffixTree | None``, the fleet's shard for a
+            key (e.g. `EngineFleet.tree`), one more draft tree.  Drafting
+            stays lossless: the verifier keeps only what the model produces.
+        on_learned: called with ``(key, lead + output tokens, identity)`` after a
+            request with an ``identity`` finished and was learned (e.g.
+            `EngineFleet.publish`); it must not block.
 
     Thread-safe: `generate` may be called from many threads; requests run
     one after another in arrival order.
@@ -282,6 +292,8 @@ class Engine:
         options: EngineOptions | None = None,
         *,
         pushed_tree: Callable[[ShardKey], SuffixTree | None] | None = None,
+        fleet_tree: Callable[[ShardKey], SuffixTree | None] | None = None,
+        on_learned: Callable[[ShardKey, list[int], str], object] | None = None,
     ) -> None:
         """Wrap ``model`` in a `Verifier` (see the class docstring)."""
         self.options = options or EngineOptions()
@@ -305,6 +317,8 @@ class Engine:
         )
         self.learned_budget = LearnedBudget(self.options.max_learned_bytes)
         self._pushed_tree = pushed_tree
+        self._fleet_tree = fleet_tree
+        self._on_learned = on_learned
         self._lock = _FifoLock()
         self._speculators: dict[str, Speculator] = {}  # per tenant; used under _lock
         self._ids = itertools.count(1)
@@ -487,16 +501,30 @@ class Engine:
             learn = True
         finally:
             spec.finish(rid, learn=learn and bool(out))
+        if learn and out and req.identity is not None and self._on_learned is not None:
+            # what the shards learned: the prompt's last lead tokens, then the output
+            # (the client and the vLLM worker publish the same, so copies collapse)
+            lead = prompt[max(0, len(prompt) - spec.lead_tokens) :] if spec.lead_tokens else []
+            try:
+                self._on_learned(req.key, [*lead, *out], req.identity)
+            except Exception as exc:  # publishing must never fail a request
+                _log.warning("agentspec.engine.on_learned_failed", error=repr(exc)[:300])
         yield Completion("".join(text), out, prompt, finish, stats)
 
     def _draft(self, spec: Speculator, rid: int, key: ShardKey) -> Draft:
-        """The request's draft from its own shards and the shard pushed for ``key``."""
-        pushed = self._pushed_tree(key) if self._pushed_tree is not None else None
-        if pushed is not None:
+        """The request's draft from its own shards, the shard pushed and the fleet's for ``key``."""
+        extra: list[SuffixTree] = []
+        for source in (self._pushed_tree, self._fleet_tree):
+            tree = source(key) if source is not None else None
+            if tree is not None:
+                extra.append(tree)
+        while extra:
             try:
-                return spec.draft(rid, self.draft_params, extra_trees=(pushed,))
+                return spec.draft(rid, self.draft_params, extra_trees=tuple(extra))
             except (RuntimeError, AgentSpecError) as exc:
                 # A delta is being applied to the pushed tree (or it was just replaced
-                # and closed): draft from the engine's own shards this step.
-                _log.debug("agentspec.engine.pushed_tree_busy", key=key, error=str(exc))
+                # and closed), or a fleet tree has another depth: drop the last extra
+                # tree and draft from the others this step.
+                _log.debug("agentspec.engine.extra_tree_busy", key=key, error=str(exc))
+                extra.pop()
         return spec.draft(rid, self.draft_params)

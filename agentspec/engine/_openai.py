@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentspec._fleet_ids import check_identity
 from agentspec._log import get_logger
 from agentspec._shardkey import DEFAULT_TENANT
 from agentspec._tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
@@ -49,6 +50,9 @@ _XARG_PIPELINE = "agentspec_pipeline"
 _XARG_STAGE = "agentspec_stage"
 #: ``vllm_xargs`` key turning speculation on or off for one request.
 _XARG_SPECULATE = "agentspec_speculate"
+#: ``vllm_xargs`` key naming the request to the fleet (the identity its response is
+#: published under; the client side publishing the same response uses the same one).
+_XARG_REQUEST_ID = "agentspec_request_id"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -206,6 +210,18 @@ def _shard_key(
     return key, None if raw is None else _flag(raw, _XARG_SPECULATE)
 
 
+def _request_identity(body: Mapping[str, Any]) -> str | None:
+    """``vllm_xargs.agentspec_request_id``, checked (None: absent; the server names it)."""
+    xargs = body.get("vllm_xargs") or {}
+    raw = xargs.get(_XARG_REQUEST_ID) if isinstance(xargs, dict) else None
+    if raw is None:
+        return None
+    try:
+        return check_identity(raw)
+    except InvalidArgumentError as exc:
+        raise _bad(f"vllm_xargs.{_XARG_REQUEST_ID}: {exc}", "vllm_xargs") from None
+
+
 def _unsupported(body: Mapping[str, Any]) -> None:
     """Refuse options this engine cannot honour (rather than ignoring them)."""
     n = body.get("n")
@@ -301,6 +317,7 @@ def parse_request(
         max_tokens = _opt_int(body, "max_tokens", 1)
     seed = _opt_int(body, "seed", -(2**63))
     key, speculate = _shard_key(body, headers, tenant)
+    identity = _request_identity(body)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
@@ -313,6 +330,7 @@ def parse_request(
         seed=None if seed is None else seed % 2**63,
         key=key,
         speculate=speculate,
+        identity=identity,
     )
     if generation.top_p == 0:
         raise _bad("'top_p' must be in (0, 1]", "top_p")

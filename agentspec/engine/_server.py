@@ -36,15 +36,16 @@ installed; `EngineServer` runs the same server in-process (tests, benchmarks).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentspec._intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
 from agentspec._log import get_logger
@@ -73,6 +74,9 @@ from agentspec.engine._openai import (
     usage_chunk,
 )
 from agentspec.exceptions import InvalidArgumentError
+
+if TYPE_CHECKING:  # redis is only needed with a fleet
+    from agentspec.engine._fleet import EngineFleet
 
 __all__ = ["EngineServer", "default_threads", "run_engine_server"]
 
@@ -254,7 +258,8 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
         return _peer_closed(self.connection)
 
     def _complete(self, req: ParsedRequest) -> None:
-        gen = self.server.owner.engine.generate(req.generation, self._cancelled)
+        rid = new_id(req.kind)
+        gen = self.server.owner.engine.generate(_named(req, rid).generation, self._cancelled)
         done: Completion | None = None
         try:
             for item in gen:
@@ -267,11 +272,11 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
             gen.close()
         if done is None:  # pragma: no cover - the engine always ends with a Completion
             raise ApiError(500, "the engine produced no result", "server_error")
-        self._json(200, completion_object(req, new_id(req.kind), done))
+        self._json(200, completion_object(req, rid, done))
 
     def _stream(self, req: ParsedRequest) -> None:
         rid, created = new_id(req.kind), int(time.time())
-        gen = self.server.owner.engine.generate(req.generation, self._cancelled)
+        gen = self.server.owner.engine.generate(_named(req, rid).generation, self._cancelled)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -321,6 +326,13 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
                 self._error(ApiError(500, _INTERNAL_ERROR, "server_error"))
 
 
+def _named(req: ParsedRequest, rid: str) -> ParsedRequest:
+    """``req`` with the fleet identity set: the client's request id, else the server's ``rid``."""
+    if req.generation.identity is not None:
+        return req
+    return dataclasses.replace(req, generation=dataclasses.replace(req.generation, identity=rid))
+
+
 class _EngineHTTPServer(IntakeHTTPServer):
     """The intake's HTTP server with a listen backlog for bursts of clients."""
 
@@ -349,6 +361,8 @@ class EngineServer:
             the body's ``agentspec_tenant`` picks the tenant (no isolation).
         admin_key: the key of the ``/v1/agentspec/...`` shard routes (None:
             they take ``api_key``, or are closed when there is a tenant map).
+        fleet: the engine's `EngineFleet` (its counters join ``GET shards``
+            stats as ``"fleet"``); the engine must use it (`create` does).
 
     Raises:
         InvalidArgumentError: a bad tenant map, or an admin key that is also
@@ -366,6 +380,7 @@ class EngineServer:
         intake: ShardIntake | None = None,
         tenant_keys: Mapping[str, str] | None = None,
         admin_key: str | None = None,
+        fleet: EngineFleet | None = None,
     ) -> None:
         """Bind (serving starts with `start` or `serve_forever`)."""
         self.engine = engine
@@ -383,6 +398,9 @@ class EngineServer:
         if self.intake.vocab_size is None:
             self.intake.vocab_size = engine.verifier.vocab_size
         self.intake.add_stats("learned", engine.learned_stats)
+        self.fleet = fleet
+        if fleet is not None:
+            self.intake.add_stats("fleet", fleet.stats)
         self.created = int(time.time())
         self._httpd = _EngineHTTPServer((host, port), self.intake, _Handler)
         self._httpd.owner = self
@@ -401,13 +419,25 @@ class EngineServer:
         served_model_name: str | tuple[str, ...] = "smollm2-135m",
         tenant_keys: Mapping[str, str] | None = None,
         admin_key: str | None = None,
+        fleet: EngineFleet | None = None,
     ) -> EngineServer:
-        """An `Engine` over ``model`` whose pushed shards come from this server's intake."""
+        """An `Engine` over ``model`` whose pushed shards come from this server's intake.
+
+        With ``fleet`` the engine also drafts from the fleet's shards and
+        publishes each finished response (see `EngineFleet`).
+        """
         opts = options or EngineOptions()
         checked = None if tenant_keys is None else check_tenant_keys(tenant_keys)
         _check_admin_key(admin_key or None, api_key or None, checked)
         intake = _engine_intake(opts, admin_key or api_key or None)
-        engine = Engine(model, tokenizer, opts, pushed_tree=intake.tree)
+        engine = Engine(
+            model,
+            tokenizer,
+            opts,
+            pushed_tree=intake.tree,
+            fleet_tree=None if fleet is None else fleet.tree,
+            on_learned=None if fleet is None else fleet.publish,
+        )
         return cls(
             engine,
             host,
@@ -417,6 +447,7 @@ class EngineServer:
             intake=intake,
             tenant_keys=checked,
             admin_key=admin_key,
+            fleet=fleet,
         )
 
     # --- keys -----------------------------------------------------------------
@@ -575,6 +606,8 @@ def run_engine_server(
     tenant_keys: Mapping[str, str] | None = None,
     admin_key: str | None = None,
     budgets: Mapping[str, Any] | None = None,
+    redis_url: str | None = None,
+    fleet_tenants: Sequence[str] | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -596,6 +629,10 @@ def run_engine_server(
             ``max_tenant_shard_bytes``, ``max_learned_bytes``,
             ``max_tenant_learned_bytes``, ``max_shard_tokens``,
             ``max_body_bytes``); the others keep their defaults.
+        redis_url: follow the fleet on this Redis (`EngineFleet`): draft
+            from its shards, publish finished responses.
+        fleet_tenants: the tenants to follow (default: the tenant map's
+            tenants, else ``"default"``).
 
     Raises:
         agentspec.models.ModelError: the model cannot be fetched or loaded.
@@ -617,17 +654,36 @@ def run_engine_server(
         tree_drafts=tree_drafts,
         **dict(budgets or {}),
     )
-    server = EngineServer.create(
-        loaded,
-        tokenizer,
-        options,
-        host,
-        port,
-        api_key=api_key,
-        served_model_name=names,
-        tenant_keys=tenant_keys,
-        admin_key=admin_key,
-    )
+    fleet = None
+    if redis_url:
+        from agentspec._fleet_config import FleetConfig
+        from agentspec.engine._fleet import EngineFleet, fleet_tenants_for
+
+        budget = options.max_shard_tokens
+        fleet = EngineFleet(
+            redis_url,
+            fleet_tenants_for(fleet_tenants, tenant_keys, api_key),
+            config=FleetConfig(
+                options.max_depth, budget if budget else FleetConfig().max_shard_tokens
+            ),
+        )
+    try:
+        server = EngineServer.create(
+            loaded,
+            tokenizer,
+            options,
+            host,
+            port,
+            api_key=api_key,
+            served_model_name=names,
+            tenant_keys=tenant_keys,
+            admin_key=admin_key,
+            fleet=fleet,
+        )
+    except BaseException:
+        if fleet is not None:
+            fleet.close(0)
+        raise
     _log.info(
         "agentspec.engine.serving",
         url=server.base_url,
@@ -647,6 +703,7 @@ def run_engine_server(
             "max_tenant_bytes": options.max_tenant_learned_bytes,
             "max_shard_tokens": options.max_shard_tokens,
         },
+        fleet=None if fleet is None else {"redis": fleet.url, "tenants": list(fleet.tenants)},
     )
     try:
         server.serve_forever()
@@ -654,4 +711,6 @@ def run_engine_server(
         pass
     finally:
         server.stop()
+        if fleet is not None:
+            fleet.close()
         server.engine.close()
