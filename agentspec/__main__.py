@@ -11,10 +11,14 @@ Subcommands:
   (`agentspec.bench.entropy`);
 - ``agentspec bench budget TRACES...``: MAT against draft budget, methods
   compared at equal drafted tokens per step (`agentspec.bench.budget`);
+- ``agentspec bench fleet TRACES...``: MAT of a simulated fleet of replicas,
+  isolated per-replica trees against fleet-synced shards (`agentspec.bench.fleet`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec.cli_shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
   serving workers, compare them with the workers' copies (`agentspec.cli_push`);
+- ``agentspec fleet status --redis URL``: a tenant's fleet log on Redis, per
+  shard (`agentspec.cli_fleet`);
 - ``agentspec vllm-args`` / ``agentspec serve MODEL``: the vLLM flags that
   enable agentspec, and a server started with them (`agentspec.cli_vllm`).
 """
@@ -32,8 +36,9 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
-    from agentspec import cli_demo, cli_push, cli_shards, cli_vllm
+    from agentspec import cli_demo, cli_fleet, cli_push, cli_shards, cli_vllm
     from agentspec.bench import budget, entropy, replay
+    from agentspec.bench import fleet as bench_fleet
 
     parser = argparse.ArgumentParser(
         prog="agentspec",
@@ -78,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget.add_arguments(bp)
     bp.set_defaults(func=budget.run_cli)
+    fp = bsub.add_parser(
+        "fleet",
+        help="MAT at 1..N replicas: isolated per-replica trees vs fleet-synced shards",
+        description=(bench_fleet.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench_fleet.add_arguments(fp)
+    fp.set_defaults(func=bench_fleet.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
     shards = sub.add_parser(
         "shards",
@@ -101,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     cli_push.add_status_arguments(st)
     st.set_defaults(func=cli_push.run_status)
     shards.set_defaults(func=None, _help=shards.print_help)
+    fl = sub.add_parser(
+        "fleet",
+        help="inspect the fleet's shard log on Redis",
+        description="Inspect a tenant's fleet log on Redis (agentspec.cli_fleet).",
+    )
+    cli_fleet.add_arguments(fl)
     va = sub.add_parser(
         "vllm-args",
         help="print the vLLM flags that enable agentspec",
