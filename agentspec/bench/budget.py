@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agentspec.bench.replay import (
-    DEFAULT_TOKENIZER,
     METHODS,
     ORACLE,
     Progress,
     ReplayConfig,
     _table,
+    add_common_arguments,
     check_inputs,
     cli_log,
     load_tokenizer,
@@ -362,19 +362,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
     )
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        default=None,
-        help=f"HF tokenizer.json with ChatML tokens (default: {DEFAULT_TOKENIZER})",
-    )
-    p.add_argument("--depth", type=int, default=64, help="tree depth (default 64)")
-    p.add_argument(
-        "--max-spec-tokens", type=int, default=32, help="most draft tokens per step (default 32)"
-    )
-    p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
-    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    add_common_arguments(p, budget_rule=False)
 
 
 def _floats(name: str, spec: str) -> list[float]:

@@ -65,7 +65,6 @@ from typing import Any
 import numpy as np
 
 from agentspec.bench.replay import (
-    DEFAULT_TOKENIZER,
     ReplayConfig,
     Request,
     SpeculatorMethod,
@@ -73,6 +72,7 @@ from agentspec.bench.replay import (
     _environment,
     _fmt,
     _table,
+    add_common_arguments,
     cli_log,
     load_tokenizer,
     load_trace,
@@ -713,21 +713,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_default_jobs(),
         help="parallel simulations (processes; default: CPUs, at most 8)",
     )
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        default=None,
-        help=f"HF tokenizer.json with ChatML tokens (default: {DEFAULT_TOKENIZER})",
-    )
-    p.add_argument("--depth", type=int, default=64, help="tree depth (default 64)")
-    p.add_argument(
-        "--max-spec-tokens", type=int, default=32, help="most draft tokens per step (default 32)"
-    )
-    p.add_argument("--alpha", type=float, default=1.0, help="draft budget per matched token")
-    p.add_argument("--min-prob", type=float, default=0.1, help="min path probability of a token")
-    p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
-    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    add_common_arguments(p)
 
 
 def run_cli(args: argparse.Namespace) -> int:

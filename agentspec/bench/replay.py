@@ -1145,6 +1145,29 @@ def render_tables(results: dict[str, Any]) -> str:
 # command line
 
 
+def add_common_arguments(p: argparse.ArgumentParser, *, budget_rule: bool = True) -> None:
+    """The options every ``bench`` replay command shares: tokenizer, tree and draft
+    configuration (``--alpha``/``--min-prob`` only with ``budget_rule``), outputs."""
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help=f"HF tokenizer.json with ChatML tokens (default: {DEFAULT_TOKENIZER})",
+    )
+    p.add_argument("--depth", type=int, default=64, help="tree depth (default 64)")
+    p.add_argument(
+        "--max-spec-tokens", type=int, default=32, help="most draft tokens per step (default 32)"
+    )
+    if budget_rule:
+        p.add_argument("--alpha", type=float, default=1.0, help="draft budget per matched token")
+        p.add_argument(
+            "--min-prob", type=float, default=0.1, help="min path probability of a token"
+        )
+    p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
+    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
+    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench replay`` options to ``p``."""
     p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
@@ -1163,21 +1186,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="learn all responses of this trace file before each replay (offline warm-up)",
     )
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        default=None,
-        help=f"HF tokenizer.json with ChatML tokens (default: {DEFAULT_TOKENIZER})",
-    )
-    p.add_argument("--depth", type=int, default=64, help="tree depth (default 64)")
-    p.add_argument(
-        "--max-spec-tokens", type=int, default=32, help="most draft tokens per step (default 32)"
-    )
-    p.add_argument("--alpha", type=float, default=1.0, help="draft budget per matched token")
-    p.add_argument("--min-prob", type=float, default=0.1, help="min path probability of a token")
-    p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
-    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    add_common_arguments(p)
 
 
 def parse_methods(spec: str) -> list[str]:
