@@ -448,8 +448,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis",
         default=None,
         metavar="URL",
-        help="embedded engine: follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
-        "draft from the fleet's shards too and publish each finished response, under the "
+        help="follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
+        "draft from the fleet's shards too and publish each finished response (vLLM: the "
+        "workers, through $AGENTSPEC_VLLM_REDIS_URL), under the "
         "request's vllm_xargs.agentspec_request_id, else the server's response id. Redis "
         "down never stops serving. The password is never printed",
     )
@@ -521,10 +522,16 @@ def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     rest = list(args.vllm_args)
     if not 0 < args.port < 65536:
         raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
+    if getattr(args, "fleet_tenants", None):
+        raise InvalidArgumentError(
+            "--fleet-tenants is for --engine embedded; vLLM workers follow each request's "
+            "tenant as it comes (up to --set fleet_max_tenants=N, default 16)"
+        )
     launch = vllm_launch(
         num_speculative_tokens=args.num_speculative_tokens,
         middleware=args.middleware,
         agentspec_config=_agentspec_config(args),
+        redis_url=getattr(args, "redis", None) or os.environ.get("AGENTSPEC_REDIS_URL") or None,
     )
     argv = [args.python, "-m", API_SERVER_MODULE, *_resolve_model(args.model, rest)]
     argv += ["--host", args.host, "--port", str(args.port), *launch.args, *rest]
@@ -707,15 +714,15 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_embedded(args)
     if engine != "vllm":
         raise InvalidArgumentError(f"--engine must be auto, vllm or embedded, not {engine}")
-    if getattr(args, "redis", None) or getattr(args, "fleet_tenants", None):
-        raise InvalidArgumentError(
-            "--redis and --fleet-tenants are for --engine embedded (for now)"
-        )
     argv, env = serve_launch(args)
     if args.dry_run:
         added = {k: v for k, v in env.items() if os.environ.get(k) != v}
         if "VLLM_API_KEY" in added:
             added["VLLM_API_KEY"] = "***"
+        if REDIS_URL_ENV in added:
+            from agentspec._fleet_redis import redact_url
+
+            added[REDIS_URL_ENV] = redact_url(added[REDIS_URL_ENV])
         print(VllmLaunch(added, argv[3:]).shell(argv[0]))
         return 0
     problem = _missing(args.python)

@@ -171,6 +171,28 @@ def test_serve_dry_run_hides_the_key(tmp_path, capsys):
     assert f"--model {tmp_path}" in out
 
 
+def test_serve_vllm_joins_the_fleet_through_the_workers_environment(tmp_path, capsys):
+    url = "redis://fleet:pw-S3cret@10.0.0.5:6379/0"
+    args = serve_args([str(tmp_path), "--redis", url, "--engine", "vllm"])
+    argv, env = cli_vllm.serve_launch(args)
+    assert env[cli_vllm.REDIS_URL_ENV] == url
+    assert "pw-S3cret" not in " ".join(argv)  # never in vLLM's logged arguments
+    args = serve_args([str(tmp_path), "--redis", url, "--engine", "vllm", "--dry-run"])
+    assert cli_vllm.run_serve(args) == 0
+    out = capsys.readouterr().out
+    assert "pw-S3cret" not in out
+    assert f"{cli_vllm.REDIS_URL_ENV}=" in out
+
+
+def test_serve_vllm_refuses_fleet_tenants_and_bad_urls(tmp_path):
+    args = serve_args([str(tmp_path), "--redis", "redis://h", "--fleet-tenants", "a"])
+    args.engine = "vllm"
+    with pytest.raises(InvalidArgumentError, match="fleet_max_tenants"):
+        cli_vllm.serve_launch(args)
+    with pytest.raises(InvalidArgumentError, match="redis://"):
+        cli_vllm.serve_launch(serve_args([str(tmp_path), "--redis", "http://h"]))
+
+
 def test_serve_bad_port(tmp_path):
     with pytest.raises(InvalidArgumentError, match="port"):
         cli_vllm.serve_launch(serve_args([str(tmp_path), "--port", "70000"]))
