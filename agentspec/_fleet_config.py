@@ -66,7 +66,15 @@ class FleetConfig:
 
 
 def tenant_config(client: redis.Redis, keys: FleetKeys, default: FleetConfig) -> FleetConfig:
-    """The tenant's config in Redis, writing ``default`` there first if it has none."""
+    """The tenant's config in Redis, writing ``default`` there first if it has none.
+
+    Reads first, so a read-only user gets the stored config; it only writes
+    when Redis has none (then ``redis.exceptions.NoPermissionError`` for a
+    read-only user).
+    """
+    depth, budget = client.hmget(keys.meta, ["depth", "budget"])
+    if isinstance(depth, bytes) and isinstance(budget, bytes):
+        return FleetConfig.decode(depth, budget)
     pipe = client.pipeline(transaction=True)
     for field, value in default.encode().items():
         pipe.hsetnx(keys.meta, field, value)

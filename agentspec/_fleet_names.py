@@ -18,7 +18,13 @@ Keys of tenant T (``P`` = ``agentspec:{T}:``):
 - ``P shards``: hash, shard name -> stream id its snapshot covers;
 - ``P snap:<name>``: hash, one shard's snapshot (``data``, ``covered``,
   ``key``, ``gone``);
-- ``P compacting``: the short lease of the one compactor at work.
+- ``P compacting``: the short lease of the one compactor at work;
+- ``P sub:<id>``: one subscriber's heartbeat (JSON, expires unless renewed;
+  see `_fleet_heartbeat`).
+
+`tenant_acl_rules` gives the ``ACL SETUSER`` rules of a tenant's user: all of
+its keys, or, for a read-only replica, reading them and writing only its
+heartbeat keys.
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ from dataclasses import dataclass
 
 from agentspec._shardkey import ShardKey, check_component, key_json
 
-__all__ = ["FleetKeys", "encode_tenant", "shard_name", "tenant_acl_pattern"]
+__all__ = [
+    "FleetKeys",
+    "encode_tenant",
+    "shard_name",
+    "tenant_acl_pattern",
+    "tenant_acl_rules",
+]
 
 ROOT = "agentspec"
 _PLAIN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -52,6 +64,19 @@ def tenant_prefix(tenant: str) -> str:
 def tenant_acl_pattern(tenant: str) -> str:
     """The ACL key pattern of a tenant's keys: ``~agentspec:{<tenant>}:*``."""
     return f"~{tenant_prefix(tenant)}*"
+
+
+def tenant_acl_rules(tenant: str, *, read_only: bool = False) -> list[str]:
+    """``ACL SETUSER`` rules for a user of ``tenant`` (after ``on``, ``>password``).
+
+    Read-write: every key of the tenant, every command but ``@dangerous``
+    ones.  Read-only (a replica that only subscribes): reads of the tenant's
+    keys (scripts through ``EVALSHA_RO``) and writes to its heartbeat keys
+    only; it never compacts or publishes.
+    """
+    prefix = tenant_prefix(tenant)
+    keys = [f"%R~{prefix}*", f"%RW~{prefix}sub:*"] if read_only else [f"~{prefix}*"]
+    return ["resetkeys", *keys, "resetchannels", "+@all", "-@dangerous"]
 
 
 def shard_name(key: ShardKey) -> str:
@@ -79,3 +104,12 @@ class FleetKeys:
     def snap(self, name: str) -> str:
         """The snapshot hash of the shard called ``name`` (see `shard_name`)."""
         return f"{self.prefix}snap:{name}"
+
+    def heartbeat(self, subscriber_id: str) -> str:
+        """The heartbeat key of the subscriber ``subscriber_id``."""
+        return f"{self.prefix}sub:{subscriber_id}"
+
+    @property
+    def heartbeats(self) -> str:
+        """The ``SCAN MATCH`` pattern of every heartbeat key of the tenant."""
+        return f"{self.prefix}sub:*"

@@ -53,6 +53,10 @@ class SubscriberStats:
         bad_snapshots: snapshots refused while loading.
         last_error: the last error, secrets removed (None: none yet).
         shards: per-shard stats, by key.
+        id: its id in heartbeats (``P sub:<id>``).
+        compacts: False once Redis refused it a compaction (a read-only user).
+        heartbeats: heartbeats written.
+        denied: writes Redis refused it (config, compaction, heartbeat).
     """
 
     tenant: str
@@ -70,6 +74,10 @@ class SubscriberStats:
     bad_snapshots: int
     last_error: str | None
     shards: dict[ShardKey, FleetShardStats]
+    id: str = ""
+    compacts: bool = True
+    heartbeats: int = 0
+    denied: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,20 @@ backed by the stream:
 Failures are never fatal: a malformed entry is counted and skipped; Redis
 down or refusing anything makes the thread keep its trees, record the
 error (secrets removed) and reconnect with exponential backoff.
+
+Read-only users (`tenant_acl_rules` with ``read_only``): the subscriber
+only reads (its script runs as ``EVALSHA_RO``, the config is written only
+when Redis has none); a refused compaction turns compaction off for it and
+a refused heartbeat turns heartbeats off, each counted, never an error.
+About once a second it writes a heartbeat (`_fleet_heartbeat`) with its
+position and lag, which `agentspec fleet status` lists.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -35,6 +44,7 @@ import redis
 from agentspec._fleet_compact import CompactionResult, compact
 from agentspec._fleet_config import FleetConfig, tenant_config
 from agentspec._fleet_entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
+from agentspec._fleet_heartbeat import Heartbeat, new_subscriber_id, write_heartbeat
 from agentspec._fleet_ids import ZERO, StreamId, format_id, parse_id
 from agentspec._fleet_load import load_snapshots
 from agentspec._fleet_names import FleetKeys
@@ -67,6 +77,9 @@ class FleetSubscriber:
             (0: never on its own; `compact` still works).
         max_entry_bytes: larger entries are counted as malformed.
         max_backoff: longest wait between reconnection attempts, seconds.
+        name: shown by ``agentspec fleet status`` (default ``host:pid``).
+        heartbeat_s: seconds between heartbeats (0: none; expire after
+            ``max(10, 5 * heartbeat_s)`` seconds unless renewed).
         start: start the thread now (else call `start`).
 
     The trees are the subscriber's: read and draft from them, never change
@@ -85,6 +98,8 @@ class FleetSubscriber:
         compact_every: int = 1000,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         max_backoff: float = 2.0,
+        name: str | None = None,
+        heartbeat_s: float = 1.0,
         start: bool = True,
     ) -> None:
         """Create the subscriber (see the class docstring)."""
@@ -97,6 +112,13 @@ class FleetSubscriber:
         self._compact_every = compact_every
         self._max_entry_bytes = max_entry_bytes
         self._max_backoff = max_backoff
+        self._name = name
+        self._heartbeat_s = heartbeat_s
+        self._next_beat = 0.0
+        #: This subscriber's id in heartbeats.
+        self.id = new_subscriber_id()
+        self._can_compact = True
+        self._can_beat = heartbeat_s > 0
         self.config: FleetConfig | None = None  # the tenant's, once read from Redis
         self._shards: dict[ShardKey, FleetShard] = {}
         self._position: StreamId = ZERO
@@ -109,6 +131,8 @@ class FleetSubscriber:
             ("applied", "duplicates", "malformed", "covered_skips", "loads", "compactions"), 0
         )
         self._n["bad_snapshots"] = 0
+        self._n["heartbeats"] = 0
+        self._n["denied"] = 0
         self._last_error: str | None = None
         self._last_compaction: CompactionResult | None = None
         self._changed = threading.Condition(threading.RLock())
@@ -176,6 +200,10 @@ class FleetSubscriber:
                 loads=n["loads"],
                 compactions=n["compactions"],
                 bad_snapshots=n["bad_snapshots"],
+                id=self.id,
+                compacts=self._can_compact,
+                heartbeats=n["heartbeats"],
+                denied=n["denied"],
             )
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
@@ -268,16 +296,56 @@ class FleetSubscriber:
                 self._changed.notify_all()
             self._tail(client)
         finally:
+            if self._stop.is_set() and self._can_beat:
+                with contextlib.suppress(redis.RedisError):  # leave the list now, not at expiry
+                    client.delete(self._keys.heartbeat(self.id))
             client.close()
 
     def _read_config(self, client: redis.Redis) -> bool:
         """Read the tenant's config (keeping ours alive if Redis lost it); True: it changed."""
-        config = tenant_config(client, self._keys, self.config or self._default)
+        mine = self.config or self._default
+        try:
+            config = tenant_config(client, self._keys, mine)
+        except redis.exceptions.NoPermissionError:
+            # A read-only user before any writer: build with ours until one writes.
+            self._denied("writing the tenant config")
+            config = mine
         changed, self.config = config != self.config, config
         return changed
 
+    def _denied(self, what: str) -> None:
+        self._n["denied"] += 1
+        _log.info("agentspec fleet: subscriber may not write", tenant=self.tenant, refused=what)
+
+    def _beat(self, client: redis.Redis) -> None:
+        """Write a heartbeat if one is due (turned off for good if refused)."""
+        now = time.monotonic()
+        if not self._can_beat or now < self._next_beat:
+            return
+        self._next_beat = now + self._heartbeat_s
+        st = self.stats()
+        beat = Heartbeat.now(
+            self.id,
+            self._name,
+            position=st.position,
+            head=st.head,
+            lag_ms=st.lag_ms,
+            applied=st.applied,
+            malformed=st.malformed,
+            loads=st.loads,
+            reconnects=st.reconnects,
+            compacts=st.compacts,
+        )
+        try:
+            write_heartbeat(client, self._keys, beat, int(max(10.0, 5 * self._heartbeat_s) * 1000))
+        except redis.exceptions.NoPermissionError:
+            self._can_beat = False
+            self._denied("its heartbeat")
+        else:
+            self._n["heartbeats"] += 1
+
     def _tail(self, client: redis.Redis) -> None:
-        info = client.register_script(TAIL_INFO)
+        sha = client.script_load(TAIL_INFO)
         keys = self._keys
         while not self._stop.is_set():
             if not self._unpaused.is_set():
@@ -289,11 +357,16 @@ class FleetSubscriber:
                 self._load(client)
             if self._compact_wanted.is_set():
                 self._compact(client)
+            self._beat(client)
             read_from = format_id(self._position)
             pipe = client.pipeline(transaction=False)
             pipe.xread({keys.log: read_from}, count=self._batch, block=self._block_ms)
-            info(keys=[keys.meta, keys.log], args=[read_from], client=pipe)
-            reply, (backed, head, length) = pipe.execute()
+            pipe.evalsha_ro(sha, 2, keys.meta, keys.log, read_from)
+            try:
+                reply, (backed, head, length) = pipe.execute()
+            except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
+                sha = client.script_load(TAIL_INFO)
+                continue
             if not backed:
                 # Trimmed past, or lost by a Redis restart (perhaps behind a silent
                 # reconnect): what we hold may differ from what the stream still has.
@@ -304,7 +377,12 @@ class FleetSubscriber:
             self._changed_now(_head=max(parse_id(head), self._position))
             self._since_compact_try += len(entries)
             every = self._compact_every
-            if every and int(length) >= every and self._since_compact_try >= max(1, every // 4):
+            if (
+                every
+                and self._can_compact
+                and int(length) >= every
+                and self._since_compact_try >= max(1, every // 4)
+            ):
                 self._compact(client)
 
     def _load(self, client: redis.Redis) -> None:
@@ -352,7 +430,13 @@ class FleetSubscriber:
 
     def _compact(self, client: redis.Redis) -> None:
         self._since_compact_try = 0
-        result = compact(client, self._keys, list(self._shards.values()), self._position)
+        result: CompactionResult | None = None
+        if self._can_compact:
+            try:
+                result = compact(client, self._keys, list(self._shards.values()), self._position)
+            except redis.exceptions.NoPermissionError:
+                self._can_compact = False  # a read-only user: writers compact
+                self._denied("compaction")
         with self._changed:
             if result is not None:
                 self._n["compactions"] += 1

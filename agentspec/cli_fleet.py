@@ -11,9 +11,14 @@ tokens.  Per shard it shows:
 - ``covered``: the stream id its snapshot covers, and ``snapshot age``:
   now minus that id's time;
 - ``snapshot lag``: the stream's last id minus the covered id, in
-  milliseconds.  Subscribers do not register themselves (yet), so this is
-  the lag shown: how far a subscriber starting from the snapshots has to
-  read.
+  milliseconds: how far a subscriber starting from the snapshots has to read.
+
+Then each live subscriber (replicas and other followers write a heartbeat
+about once a second; a gone one drops out within seconds): its name, host
+and pid, position, ``lag ms`` (the stream's last id minus its position
+when it wrote the heartbeat), ``behind ms`` (the stream's last id now minus
+its position), when it was last heard from, and whether it compacts (a
+read-only user does not).
 
 The Redis password never appears in the output (``***``).  A tenant without
 fleet data is reported as such; nothing is written to Redis.
@@ -80,6 +85,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     """
     import redis
 
+    from agentspec._fleet_heartbeat import read_heartbeats
     from agentspec._fleet_ids import format_id, parse_id
     from agentspec._fleet_names import FleetKeys, shard_name
     from agentspec._fleet_redis import Redactor, open_client
@@ -88,7 +94,10 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     redactor = Redactor(url)
     out: dict[str, Any] = {
         "redis": redactor.url,
-        "note": "subscribers do not register; snapshot_lag_ms = stream last id - covered id",
+        "note": (
+            "snapshot_lag_ms = stream last id - covered id; a subscriber's lag_ms = its head - "
+            "its position at its last heartbeat, behind_ms = stream last id now - its position"
+        ),
         "tenants": {},
     }
     try:
@@ -106,6 +115,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                 pipe.xlen(keys.log)
                 pipe.xrevrange(keys.log, count=1)
                 has_meta, meta, index, length, last = pipe.execute()
+                beats, bad_beats = read_heartbeats(client, keys)
             except redis.RedisError as exc:
                 raise AgentSpecError(f"cannot read {redactor.url}: {redactor.error(exc)}") from None
             if not has_meta:
@@ -117,7 +127,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                 [parse_id(stream_last), *(parse_id(c) for c in covered.values())],
                 default=(0, 0),
             )
-            sub = FleetSubscriber(url, tenant, compact_every=0, block_ms=100)
+            sub = FleetSubscriber(url, tenant, compact_every=0, block_ms=100, heartbeat_s=0)
             try:
                 if not sub.wait_for(format_id(head), timeout):
                     err = sub.stats().last_error
@@ -160,10 +170,36 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                     },
                 },
                 "shards": shards,
+                "subscribers": [
+                    {
+                        "id": b.id,
+                        "name": b.name,
+                        "host": b.host,
+                        "pid": b.pid,
+                        "position": b.position,
+                        "lag_ms": b.lag_ms,
+                        "behind_ms": max(0, _ms(stream_last) - _ms(b.position))
+                        if parse_id(b.position) < parse_id(stream_last)
+                        else 0,
+                        "seen_s_ago": round(max(0, now_ms - b.at_ms) / 1000, 3),
+                        "applied": b.applied,
+                        "malformed": b.malformed,
+                        "loads": b.loads,
+                        "reconnects": b.reconnects,
+                        "compacts": b.compacts,
+                    }
+                    for b in beats
+                ],
+                "malformed_heartbeats": bad_beats,
             }
     finally:
         client.close()
     return out
+
+
+def _aligned(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
 
 
 def _table(status: dict[str, Any]) -> str:
@@ -189,7 +225,7 @@ def _table(status: dict[str, Any]) -> str:
             "age s",
             "lag ms",
         )
-        rows = [header]
+        rows: list[tuple[str, ...]] = [header]
         for s in t["shards"]:
             _, pipeline, stage = s["key"]
             rows.append(
@@ -204,11 +240,28 @@ def _table(status: dict[str, Any]) -> str:
                     "-" if s["snapshot_lag_ms"] is None else str(s["snapshot_lag_ms"]),
                 )
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        for r in rows:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        lines += _aligned(rows, "  ")
         if not t["shards"]:
             lines.append("  (no shards)")
+        subs = t["subscribers"]
+        lines.append(f"  subscribers: {len(subs)}")
+        rows = [("name", "position", "lag ms", "behind ms", "seen s ago", "applied", "compacts")]
+        for b in subs:
+            rows.append(
+                (
+                    b["name"],
+                    b["position"],
+                    str(b["lag_ms"]),
+                    str(b["behind_ms"]),
+                    f"{b['seen_s_ago']:.1f}",
+                    str(b["applied"]),
+                    "yes" if b["compacts"] else "no",
+                )
+            )
+        if subs:
+            lines += _aligned(rows, "    ")
+        if t["malformed_heartbeats"]:
+            lines.append(f"  malformed heartbeats: {t['malformed_heartbeats']}")
     lines.append(f"note: {status['note']}")
     return "\n".join(lines)
 

@@ -8,7 +8,10 @@ stdout by a thread, an event, not a sleep), then for a PING to answer.
 `kill` is a crash (SIGKILL); `start` again reuses the directory, so with
 ``appendfsync always`` (the default here) every acknowledged write comes
 back (``appendfsync="everysec"`` for Redis's usual setting); ``persist=False``
-turns persistence off, so a restart loses all.
+turns persistence off, so a restart loses all.  ``tls=True`` serves the port
+over TLS only, with a throwaway CA and server certificate made by the
+``openssl`` command (`url_for` then gives ``rediss://`` URLs that name the
+CA file).
 
 Outside CI, tests skip (with the reason) where the ``redis-server`` binary
 or the ``redis`` client is missing.  Under CI (``CI`` set, as `.ci/run`
@@ -58,13 +61,19 @@ class RedisServer:
     """One redis-server process (see the module docstring)."""
 
     def __init__(
-        self, *, tcp: bool = False, persist: bool = True, appendfsync: str = "always"
+        self,
+        *,
+        tcp: bool = False,
+        persist: bool = True,
+        appendfsync: str = "always",
+        tls: bool = False,
     ) -> None:
         """Prepare the directory (the server starts with `start`)."""
         assert REDIS_SERVER is not None
         self.dir = Path(tempfile.mkdtemp(prefix="as-redis-", dir="/tmp"))
         self.socket = self.dir / "r.sock"
-        self.port = _free_port() if tcp else 0
+        self.port = _free_port() if tcp or tls else 0
+        self.tls = tls
         self.persist = persist
         self.appendfsync = appendfsync
         self.proc: subprocess.Popen[str] | None = None
@@ -76,6 +85,14 @@ class RedisServer:
         assert REDIS_SERVER is not None
         args = [REDIS_SERVER, "--port", str(self.port), "--unixsocket", str(self.socket)]
         args += ["--unixsocketperm", "700", "--dir", str(self.dir), "--save", ""]
+        if self.tls:
+            d = self.dir / "tls"
+            if not d.exists():
+                _make_certificates(d)
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port)]
+            args += ["--tls-cert-file", str(d / "server.pem"), "--tls-key-file"]
+            args += [str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.pem")]
+            args += ["--tls-auth-clients", "no"]
         if self.port:
             args += ["--bind", "127.0.0.1"]
         if self.persist:
@@ -115,6 +132,9 @@ class RedisServer:
 
     def url_for(self, user: str, password: str, *, tcp: bool = False) -> str:
         """A URL with credentials (unix socket, or TCP when the server has a port)."""
+        if self.tls:
+            ca = self.dir / "tls" / "ca.pem"
+            return f"rediss://{user}:{password}@127.0.0.1:{self.port}/0?ssl_ca_certs={ca}"
         if tcp:
             return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
         return f"unix://{user}:{password}@{self.socket}"
@@ -165,3 +185,21 @@ class RedisServer:
         """Stop the server and remove its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _make_certificates(folder: Path) -> None:
+    """A CA and a server certificate for 127.0.0.1 signed by it, in ``folder``."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("the openssl command is missing (apt-get install openssl)")
+    folder.mkdir()
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    (folder / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for cmd in (
+        ["req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+         "-subj", "/CN=agentspec-test-ca"],
+        ["req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext"],
+    ):  # fmt: skip
+        subprocess.run([openssl, *cmd], cwd=folder, check=True, capture_output=True, timeout=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from redis_server import RedisServer, requires_redis_server
@@ -115,5 +116,54 @@ def test_serve_ready_line_redacts_the_redis_password(capsys, monkeypatch):
     assert PASSWORD not in out
     monkeypatch.delenv("AGENTSPEC_REDIS_URL")
     assert main([*argv, "--fleet-tenants", "a"]) == 1  # needs --redis
-    assert main(["serve", "m", "--engine", "vllm", "--redis", url, "--dry-run"]) == 1
-    assert PASSWORD not in "".join(capsys.readouterr())
+    assert main(["serve", "m", "--engine", "vllm", "--redis", url, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "AGENTSPEC_VLLM_REDIS_URL='redis://eng:***@127.0.0.1:1/0'" in out
+    assert PASSWORD not in out
+
+
+def test_status_lists_live_subscribers_with_their_lag(populated, capsys):
+    _, url, _ = populated
+    with (
+        FleetPublisher(url, config=CFG) as pub,
+        FleetSubscriber(url, "alice", name="replica-a", block_ms=100) as a,
+        FleetSubscriber(url, "alice", name="replica-b", block_ms=100) as b,
+    ):
+        assert pub.publish(("alice", "p", "act"), [4, 5, 6], "r10") is PublishStatus.QUEUED
+        assert pub.flush(WAIT)
+        assert a.wait_for(pub.last_id, WAIT)
+        assert b.wait_for(pub.last_id, WAIT)
+        beats = b.stats().heartbeats
+        assert b.wait_until(lambda: b.stats().heartbeats > beats, WAIT)  # one at this position
+        assert b.pause(WAIT)  # b stops reading (and beating) here
+        held = b.stats().position
+        while int(time.time() * 1000) <= int(held.split("-")[0]):
+            pass  # the next entry gets a later millisecond
+        assert pub.publish(("alice", "p", "act"), [4, 5, 7], "r11") is PublishStatus.QUEUED
+        assert pub.flush(WAIT)
+        assert a.wait_for(pub.last_id, WAIT)
+        n = a.stats().heartbeats
+        assert a.wait_until(lambda: a.stats().heartbeats > n, WAIT)
+        assert main(["fleet", "status", "--redis", url, "--tenant", "alice", "--json"]) == 0
+        subs = {
+            s["name"]: s
+            for s in json.loads(capsys.readouterr().out)["tenants"]["alice"]["subscribers"]
+        }
+        assert set(subs) == {"replica-a", "replica-b"}  # status's own reader never beats
+        assert subs["replica-a"]["position"] == pub.last_id
+        assert subs["replica-a"]["behind_ms"] == 0
+        assert subs["replica-a"]["lag_ms"] == 0
+        assert subs["replica-b"]["position"] == held
+        assert subs["replica-b"]["behind_ms"] >= 1
+        assert subs["replica-a"]["compacts"]
+        assert subs["replica-a"]["seen_s_ago"] >= 0
+        assert main(["fleet", "status", "--redis", url, "--tenant", "alice"]) == 0
+        out = capsys.readouterr().out
+        assert "subscribers: 2" in out
+        assert "replica-b" in out
+        assert PASSWORD not in out
+        b.resume()
+        b.close()
+        assert main(["fleet", "status", "--redis", url, "--tenant", "alice", "--json"]) == 0
+        subs = json.loads(capsys.readouterr().out)["tenants"]["alice"]["subscribers"]
+        assert [s["name"] for s in subs] == ["replica-a"]  # a closed one leaves at once

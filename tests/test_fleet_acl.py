@@ -1,10 +1,12 @@
 """Tenant isolation with Redis ACL users, and secrets kept out of text.
 
 Each tenant gets a Redis user limited to its own key prefix
-(``ACL SETUSER <t> on >pw ~agentspec:{<t>}:* +@all -@dangerous``): the
-fleet works for it, and it cannot read another tenant's keys.  Passwords
-never appear in logs, errors (``last_error``) or reprs, over a unix socket
-or TCP.
+(``ACL SETUSER <t> on >pw`` + `tenant_acl_rules`): the fleet works for it,
+and it cannot read another tenant's keys.  A read-only replica user
+(``%R~`` on the prefix, ``%RW~`` on its heartbeat keys only) follows the
+fleet, converges, and never writes shards, config or the stream.
+Passwords never appear in logs, errors (``last_error``) or reprs, over a
+unix socket or TCP.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import pytest
 from redis_server import RedisServer, redis, requires_redis_server
 
 from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_names import FleetKeys, tenant_acl_pattern
+from agentspec._fleet_heartbeat import read_heartbeats
+from agentspec._fleet_names import FleetKeys, tenant_acl_rules
 from agentspec._fleet_pub import FleetPublisher, PublishStatus
 from agentspec._fleet_sub import FleetSubscriber
 
@@ -24,6 +27,7 @@ pytestmark = requires_redis_server
 CFG = FleetConfig(max_depth=16, max_shard_tokens=1000)
 WAIT = 30.0
 PASSWORDS = {"alice": "alice-S3cret-pw", "bob": "bob-S3cret-pw", "team a/b": "ab-S3cret-pw"}
+READER_PW = "reader-S3cret-pw"
 
 
 @pytest.fixture
@@ -32,10 +36,9 @@ def server():
         admin = s.client()
         for tenant, pw in PASSWORDS.items():
             user = tenant.replace(" ", "_").replace("/", "_")
-            admin.execute_command(
-                "ACL", "SETUSER", user, "on", f">{pw}", "resetkeys", tenant_acl_pattern(tenant),
-                "+@all", "-@dangerous",
-            )  # fmt: skip
+            admin.execute_command("ACL", "SETUSER", user, "on", f">{pw}", *tenant_acl_rules(tenant))
+        rules = tenant_acl_rules("alice", read_only=True)
+        admin.execute_command("ACL", "SETUSER", "alice_reader", "on", f">{READER_PW}", *rules)
         admin.close()
         yield s
 
@@ -126,3 +129,74 @@ def test_wrong_or_foreign_credentials_are_retried_and_never_shown(server, caplog
     for secret in (wrong, PASSWORDS["alice"]):
         assert secret not in text
     assert "agentspec fleet: subscriber error" in text
+
+
+def test_acl_rules_name_only_the_tenants_prefix():
+    assert tenant_acl_rules("alice") == [
+        "resetkeys", "~agentspec:{alice}:*", "resetchannels", "+@all", "-@dangerous",
+    ]  # fmt: skip
+    ro = tenant_acl_rules("team a/b", read_only=True)
+    assert ro[1:3] == [
+        "%R~agentspec:{%7465616d20612f62}:*",
+        "%RW~agentspec:{%7465616d20612f62}:sub:*",
+    ]
+
+
+def test_a_read_only_replica_follows_the_fleet_and_writes_nothing_else(server, caplog):
+    caplog.set_level(logging.DEBUG, logger="agentspec")
+    writer = user_url(server, "alice")
+    reader = server.url_for("alice_reader", READER_PW)
+    keys = FleetKeys.of("alice")
+    key = ("alice", "p", "s")
+    admin = server.client()
+    with FleetSubscriber(reader, "alice", config=CFG, block_ms=100, compact_every=4) as ro:
+        # Before any writer: the config is not written; the replica waits connected.
+        assert ro.wait_until(lambda: ro.stats().connected and ro.stats().denied >= 1, WAIT)
+        assert admin.exists(keys.meta) == 0
+        with (
+            FleetPublisher(writer, config=CFG) as pub,
+            FleetSubscriber(writer, "alice", config=CFG, block_ms=100, compact_every=0) as rw,
+        ):
+            for i in range(12):
+                pub.publish(key, [i, 7, 8, 9], f"r{i}")
+            assert pub.flush(WAIT)
+            assert ro.wait_for(pub.last_id, WAIT)
+            assert rw.wait_for(pub.last_id, WAIT)
+            # Its own compaction is refused (counted, turned off, never an error) ...
+            assert ro.compact(timeout=WAIT) is None
+            st = ro.stats()
+            assert st.compacts is False
+            assert st.last_error is None
+            assert st.connected
+            assert admin.hlen(keys.index) == 0
+            beats_then = st.heartbeats
+            # ... a writer compacts and trims; the reader follows through a reload.
+            assert rw.compact() is not None
+            for i in range(12, 20):
+                pub.publish(key, [i, 7, 8, 9], f"r{i}")
+            assert pub.flush(WAIT)
+            assert rw.compact() is not None
+            assert ro.wait_for(pub.last_id, WAIT)
+            assert rw.wait_for(pub.last_id, WAIT)
+            assert ro.tree(key).sequence_ids() == rw.tree(key).sequence_ids()
+            assert len(ro.tree(key)) == 20
+            # Its heartbeat is listed with the writer's.
+            assert ro.wait_until(lambda: ro.stats().heartbeats > beats_then, WAIT)
+            beats, bad = read_heartbeats(admin, keys)
+            assert bad == 0
+            assert {b.id for b in beats} >= {ro.id, rw.id}
+            assert next(b for b in beats if b.id == ro.id).compacts is False
+            text = all_text(caplog, ro, ro.stats())
+        plain = redis.Redis.from_url(reader)
+        for write in (
+            lambda: plain.xadd(keys.log, {"v": "1"}),
+            lambda: plain.hset(keys.meta, "depth", "3"),
+            lambda: plain.delete(keys.snap("x")),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                write()
+        plain.close()
+    # Closing removes its heartbeat at once.
+    assert admin.exists(keys.heartbeat(ro.id)) == 0
+    admin.close()
+    assert READER_PW not in text
