@@ -18,6 +18,7 @@ LAZY_SUBMODULES = {
     "demo",
     "compat",
     "engine",
+    "fleet",
     "models",
     "traces",
 }
@@ -88,3 +89,15 @@ def test_compat_exports() -> None:
     from agentspec import compat
 
     assert compat.__all__ == ["SuffixDecodingCache", "SuffixDecodingDraft"]
+
+
+def test_fleet_exports_are_documented_and_typed() -> None:
+    """agentspec.fleet: the fleet's public names, each documented, each from the private module."""
+    from agentspec import fleet
+
+    assert fleet.__all__ == sorted(fleet.__all__)
+    public = {n for n in vars(fleet) if not n.startswith("_") and n != "annotations"}
+    assert public == set(fleet.__all__)
+    for name in fleet.__all__:
+        assert getattr(fleet, name).__doc__, name
+    assert "FleetSubscriber" in (fleet.__doc__ or "")

@@ -90,7 +90,7 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 def _redacted(url: str) -> str:
     """``url`` with its password as ``***`` (imported late: redis is optional)."""
-    from agentspec._fleet_redis import redact_url
+    from agentspec.fleet import redact_url
 
     return redact_url(url)
 

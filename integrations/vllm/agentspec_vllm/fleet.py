@@ -30,15 +30,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_ids import check_identity
-from agentspec._fleet_pub import FleetPublisher, PublishStatus
-from agentspec._fleet_redis import redact_url
-from agentspec._fleet_sub import FleetSubscriber
+from agentspec import ShardKey, SuffixTree
 from agentspec._log import get_logger
-from agentspec._shardkey import ShardKey
-from agentspec._tree import SuffixTree
 from agentspec.exceptions import AgentSpecError
+from agentspec.fleet import (
+    FleetConfig,
+    FleetPublisher,
+    FleetSubscriber,
+    PublishStatus,
+    check_identity,
+    redact_url,
+)
 
 __all__ = ["WorkerFleet"]
 

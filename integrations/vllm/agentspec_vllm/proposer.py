@@ -188,7 +188,7 @@ class AgentSpecProposer:
     def _make_fleet(self, url: str) -> WorkerFleet:
         """The worker's fleet link (redis is imported only when a URL is set)."""
         try:
-            from agentspec._fleet_config import FleetConfig
+            from agentspec.fleet import FleetConfig
             from agentspec_vllm.fleet import WorkerFleet
         except ImportError as e:
             raise InvalidArgumentError(
