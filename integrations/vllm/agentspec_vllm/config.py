@@ -37,6 +37,11 @@ which wins over the default.  Each key's environment variable is
 - ``fleet_max_tenants`` [16]: most tenants one worker subscribes to (one
   background thread and one Redis connection each); later tenants draft
   without fleet shards.
+- ``fleet_publish`` [true]: publish the responses this worker serves.
+  false: a replica that only subscribes, e.g. with a read-only Redis user
+  (``agentspec.fleet.tenant_acl_rules(tenant, read_only=True)``); the
+  clients (``AgentSpecClient``/``ShardStore`` with ``redis=``, the LiteLLM
+  hook) are then the fleet's only learners.
 - ``fleet_max_shard_tokens`` [1048576]: token budget of each fleet shard,
   written for a tenant that has no fleet config in Redis yet (the first
   writer wins; the depth written is ``max_depth``).
@@ -121,6 +126,7 @@ class AgentSpecVllmConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     redis_url: str | None = dataclasses.field(default=None, repr=False)
     fleet_max_tenants: int = 16
+    fleet_publish: bool = True
     fleet_max_shard_tokens: int | None = 1 << 20
 
     def __post_init__(self) -> None:

@@ -55,6 +55,8 @@ class WorkerFleet:
         config: depth and per-shard token budget written for a tenant Redis
             has no config for yet (Redis's own always wins).
         max_tenants: most tenants subscribed at once.
+        publish: publish finished responses (False: subscribe only, e.g.
+            with a read-only Redis user; `publish` then returns False).
         **subscriber_options: passed to each `FleetSubscriber` (e.g. ``block_ms``).
     """
 
@@ -64,6 +66,7 @@ class WorkerFleet:
         config: FleetConfig,
         *,
         max_tenants: int = 16,
+        publish: bool = True,
         publisher_options: dict[str, Any] | None = None,
         **subscriber_options: Any,
     ) -> None:
@@ -79,8 +82,10 @@ class WorkerFleet:
         self.refused_tenants = 0
         self.published = 0
         self.dropped = 0  # queue full, closed, or a sequence the fleet cannot take
-        self.publisher = FleetPublisher(url, config=config, **(publisher_options or {}))
-        _log.info("agentspec.vllm.fleet", url=self.url, max_tenants=max_tenants)
+        self.publisher: FleetPublisher | None = None
+        if publish:
+            self.publisher = FleetPublisher(url, config=config, **(publisher_options or {}))
+        _log.info("agentspec.vllm.fleet", url=self.url, max_tenants=max_tenants, publish=publish)
 
     def subscribe(self, tenant: str) -> FleetSubscriber | None:
         """The tenant's subscriber, started on the first call (None: over ``max_tenants``)."""
@@ -122,6 +127,8 @@ class WorkerFleet:
 
     def publish(self, key: ShardKey, tokens: Sequence[int] | Any, identity: str) -> bool:
         """Queue one finished response for the fleet; never raises, never waits on Redis."""
+        if self.publisher is None:
+            return False
         try:
             status = self.publisher.publish(key, tokens, check_identity(identity))
         except (AgentSpecError, TypeError, ValueError) as e:
@@ -136,7 +143,6 @@ class WorkerFleet:
 
     def stats(self) -> dict[str, Any]:
         """Publisher and per-tenant subscriber stats (JSON-ready, no secrets)."""
-        pub = self.publisher.stats()
         tenants: dict[str, Any] = {}
         for tenant, sub in sorted(self._subs.items()):
             s = sub.stats()
@@ -150,13 +156,13 @@ class WorkerFleet:
                 "malformed": s.malformed,
                 "reconnects": s.reconnects,
                 "last_error": s.last_error,
+                "compacts": s.compacts,
+                "denied": s.denied,
             }
-        return {
-            "url": self.url,
-            "published": self.published,
-            "dropped": self.dropped,
-            "refused_tenants": self.refused_tenants,
-            "publisher": {
+        publisher: dict[str, Any] | None = None
+        if self.publisher is not None:
+            pub = self.publisher.stats()
+            publisher = {
                 "connected": pub.connected,
                 "pending": pub.pending,
                 "acknowledged": pub.published,
@@ -164,7 +170,13 @@ class WorkerFleet:
                 "failures": pub.failures,
                 "last_error": pub.last_error,
                 "last_id": self.publisher.last_id,
-            },
+            }
+        return {
+            "url": self.url,
+            "published": self.published,
+            "dropped": self.dropped,
+            "refused_tenants": self.refused_tenants,
+            "publisher": publisher,
             "tenants": tenants,
         }
 
@@ -172,6 +184,6 @@ class WorkerFleet:
         """Stop the subscribers and the publisher (unsent responses are dropped)."""
         for sub in list(self._subs.values()):
             sub.close(timeout)
-        left = self.publisher.close(timeout)
+        left = [] if self.publisher is None else self.publisher.close(timeout)
         if left:
             _log.warning("agentspec.vllm.fleet_unsent", responses=len(left))

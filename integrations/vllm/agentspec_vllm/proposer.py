@@ -201,6 +201,7 @@ class AgentSpecProposer:
             url,
             FleetConfig(cfg.max_depth, cfg.fleet_max_shard_tokens),
             max_tenants=cfg.fleet_max_tenants,
+            publish=cfg.fleet_publish,
         )
 
     # --- vLLM interface -----------------------------------------------------

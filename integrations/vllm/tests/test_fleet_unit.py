@@ -25,9 +25,9 @@ from agentspec_vllm.shards import reset_worker_intake
 from redis_server import RedisServer, requires_redis_server
 from test_proposer_unit import ANSWER, BEST, PROMPT, Loop, vllm_config
 
-from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_pub import FleetPublisher
+from agentspec._fleet_names import FleetKeys
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.fleet import FleetConfig, FleetPublisher, tenant_acl_rules
 
 pytestmark = requires_redis_server
 
@@ -95,6 +95,34 @@ def test_a_response_finished_on_one_worker_is_drafted_by_another(server: RedisSe
     finally:
         a.close()
         b.close()
+
+
+def test_a_read_only_replica_drafts_from_the_fleet_and_publishes_nothing(
+    server: RedisServer,
+) -> None:
+    admin = server.client()
+    rules = tenant_acl_rules("default", read_only=True)
+    admin.execute_command("ACL", "SETUSER", "replica", "on", ">ro-S3cret", *rules)
+    a = _proposer(server.url)
+    b = _proposer(server.url_for("replica", "ro-S3cret"), fleet_publish=False)
+    try:
+        assert b.fleet is not None
+        assert b.fleet.publisher is None
+        _serve(a, "req-a")
+        stream_id = _published_id(a)
+        assert _subscribed(b).wait_for(stream_id, WAIT)
+        _, second = _serve(b, "req-b")
+        assert second == BEST  # drafted from the fleet tree
+        assert b.stats()["keys"][0]["published"] == 0
+        stats = b.fleet.stats()
+        assert stats["publisher"] is None
+        assert stats["tenants"]["default"]["last_error"] is None
+        assert admin.xlen(FleetKeys.of("default").log) == 1  # a's response only
+        assert "ro-S3cret" not in json.dumps(stats)
+    finally:
+        a.close()
+        b.close()
+        admin.close()
 
 
 def test_the_first_request_of_a_tenant_starts_its_subscriber(server: RedisServer) -> None:
