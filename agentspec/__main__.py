@@ -13,6 +13,9 @@ Subcommands:
   compared at equal drafted tokens per step (`agentspec.bench.budget`);
 - ``agentspec bench fleet TRACES...``: MAT of a simulated fleet of replicas,
   isolated per-replica trees against fleet-synced shards (`agentspec.bench.fleet`);
+- ``agentspec bench calibration TRACES...``: predicted vs observed acceptance
+  of draft tokens per probability bucket, raw and corrected online
+  (`agentspec.bench.calibration`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec.cli_shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
@@ -37,7 +40,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
     from agentspec import cli_demo, cli_fleet, cli_push, cli_shards, cli_vllm
-    from agentspec.bench import budget, entropy, replay
+    from agentspec.bench import budget, calibration, entropy, replay
     from agentspec.bench import fleet as bench_fleet
 
     parser = argparse.ArgumentParser(
@@ -91,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_fleet.add_arguments(fp)
     fp.set_defaults(func=bench_fleet.run_cli)
+    cp = bsub.add_parser(
+        "calibration",
+        help="predicted vs observed acceptance of draft tokens, raw and corrected online",
+        description=(calibration.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    calibration.add_arguments(cp)
+    cp.set_defaults(func=calibration.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
     shards = sub.add_parser(
         "shards",
