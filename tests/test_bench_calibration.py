@@ -1,4 +1,4 @@
-"""`agentspec bench calibration` on a slice of the shared spider trace: report structure and invariants."""
+"""`agentspec bench calibration` on a slice of the spider trace: structure and invariants."""
 
 from __future__ import annotations
 
