@@ -14,7 +14,8 @@ Public names for what ``docs/fleet.md`` describes:
 - `fleet_status`: what ``agentspec fleet status`` prints, as a dict.
 - `tenant_acl_rules`: the ``ACL SETUSER`` rules of a tenant's Redis user
   (read-write, or read-only for replicas that only subscribe).
-- `redact_url`: a Redis URL with its password as ``***``.
+- `redact_url`: a Redis URL with its password as ``***``; `Redactor`
+  removes a URL's password from any text (error messages, logs).
 
 Needs the ``redis`` client (``pip install 'agentspec-suffix[fleet]'``).
 """
@@ -33,7 +34,7 @@ from agentspec._fleet_heartbeat import Heartbeat, read_heartbeats
 from agentspec._fleet_ids import check_identity
 from agentspec._fleet_names import tenant_acl_rules
 from agentspec._fleet_pub import FleetPublisher, PublishStatus
-from agentspec._fleet_redis import redact_url
+from agentspec._fleet_redis import Redactor, redact_url
 from agentspec._fleet_stats import FleetShardStats, PublisherStats, SubscriberStats
 from agentspec._fleet_sub import FleetSubscriber
 from agentspec.cli_fleet import fleet_status
@@ -46,6 +47,7 @@ __all__ = [
     "Heartbeat",
     "PublishStatus",
     "PublisherStats",
+    "Redactor",
     "SubscriberStats",
     "check_identity",
     "fleet_status",

@@ -33,10 +33,18 @@ tenant_keys        {}           API key (or ``sha256:<hex>`` of it) -> tenant, f
 queue_size         1024         finished calls waiting to be learned (more: dropped
                                 and counted)
 stats_file         none         JSON file the hook keeps its counters in
+redis              env          the fleet's Redis (``redis://``, ``rediss://`` or
+                                ``unix://``): every learned answer is also published
+                                to the fleet, through the store (needs ``store``);
+                                unset: ``$AGENTSPEC_REDIS_URL`` (unset or empty: no
+                                fleet); ``false``: no fleet whatever the environment
 =================  ===========  ==================================================
 
 Every value is checked when the config is loaded; a bad one raises
-`InvalidArgumentError` naming the key.
+`InvalidArgumentError` naming the key.  A Redis URL's password never appears
+in an error, a repr, a log line or the stats file (it is shown as ``***``);
+prefer ``$AGENTSPEC_REDIS_URL`` for a URL holding one, so the config file
+carries no secret.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +62,25 @@ from typing import Any, Literal, cast
 from agentspec._tags import check_tag
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["CONFIG_ENV", "TENANT_SOURCES", "HookConfig", "hash_key", "load_config"]
+__all__ = [
+    "CONFIG_ENV",
+    "REDIS_SCHEMES",
+    "REDIS_URL_ENV",
+    "TENANT_SOURCES",
+    "HookConfig",
+    "check_redis_url",
+    "hash_key",
+    "load_config",
+    "redacted_url",
+]
 
 #: Environment variable naming the hook's config file.
 CONFIG_ENV = "AGENTSPEC_LITELLM_CONFIG"
+#: Environment variable holding the fleet's Redis URL when the config has no ``redis``
+#: (the one `agentspec.ShardStore` reads).
+REDIS_URL_ENV = "AGENTSPEC_REDIS_URL"
+#: The URL schemes the fleet connects with.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 #: Where the tenant of a request comes from.
 TenantSource = Literal["client", "team", "key_alias", "user", "key"]
@@ -76,6 +101,7 @@ _KEYS = frozenset(
         "tenant_keys",
         "queue_size",
         "stats_file",
+        "redis",
     }
 )
 
@@ -103,6 +129,32 @@ class HookConfig:
     tenant_keys: Mapping[str, str] = field(default_factory=dict)
     queue_size: int = 1024
     stats_file: Path | None = None
+    #: The fleet's Redis URL; None: ``$AGENTSPEC_REDIS_URL``; False: no fleet.  Never
+    #: in the repr (it may hold a password).
+    redis: str | Literal[False] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check the Redis URL (a bad one raises `InvalidArgumentError`, password hidden)."""
+        if self.redis is not None and self.redis is not False:
+            check_redis_url(self.redis, "redis")
+            if self.store is None:
+                raise InvalidArgumentError(
+                    "redis needs store: the store's journal is the fleet's outbox",
+                    "set store to a directory, or drop redis",
+                )
+
+    def redis_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The fleet's Redis URL: ``redis``, else ``$AGENTSPEC_REDIS_URL`` (None: no fleet).
+
+        Raises:
+            InvalidArgumentError: the environment variable holds a bad URL.
+        """
+        if self.redis is False:
+            return None
+        if self.redis is not None:
+            return self.redis
+        env = (os.environ if environ is None else environ).get(REDIS_URL_ENV) or None
+        return None if env is None else check_redis_url(env, f"${REDIS_URL_ENV}")
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> HookConfig:
@@ -123,7 +175,10 @@ class HookConfig:
         tenant_keys = _tenant_keys(raw.get("tenant_keys") or {})
         if tenant_from == "key" and not tenant_keys:
             raise InvalidArgumentError("tenant_from: key needs a non-empty tenant_keys map")
-        return cls(
+        redis = raw.get("redis")
+        if redis is not None and redis is not False:
+            redis = check_redis_url(redis, "redis")
+        config = cls(
             store=_opt_path(raw.get("store"), "store"),
             store_max_bytes=_opt_int(raw.get("store_max_bytes"), "store_max_bytes", 1),
             push=_push(raw.get("push", "auto")),
@@ -142,7 +197,10 @@ class HookConfig:
             tenant_keys=tenant_keys,
             queue_size=cast(int, _opt_int(raw.get("queue_size", 1024), "queue_size", 1)),
             stats_file=_opt_path(raw.get("stats_file"), "stats_file"),
+            redis=redis,
         )
+        config.redis_url()  # a bad $AGENTSPEC_REDIS_URL is a config error too
+        return config
 
     def default_for(self, table: Mapping[str, str], model: str | None) -> str | None:
         """``table[model]``, else ``table["*"]``, else None."""
@@ -179,8 +237,65 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HookConfig:
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"{p}: not valid YAML: {exc}") from exc
+            raise InvalidArgumentError(f"{p}: not valid YAML: {_yaml_error(exc)}") from None
     return HookConfig.from_mapping(raw if raw is not None else {})
+
+
+def _yaml_error(exc: Exception) -> str:
+    """Where and what a YAML error is, without the snippet of the file it quotes (the
+    line may hold a password)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+# --- the fleet's Redis URL ------------------------------------------------------------
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,19}")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password (user info or ``password=`` parameter) as ``***``."""
+    from agentspec.fleet import redact_url
+
+    return redact_url(url)
+
+
+def check_redis_url(value: object, name: str) -> str:
+    """``value`` if it is a ``redis://``, ``rediss://`` or ``unix://`` URL.
+
+    The error never shows the value itself (it may hold a password): only
+    its type, or the scheme it has.
+
+    Raises:
+        InvalidArgumentError: anything else, naming ``name``.
+    """
+    if not isinstance(value, str) or not value:
+        got = "an empty string" if value == "" else f"a {type(value).__name__}"
+        raise InvalidArgumentError(
+            f"{name} must be a redis://, rediss:// or unix:// URL (or false), got {got}"
+        )
+    if not value.startswith(REDIS_SCHEMES):
+        scheme, sep, _ = value.partition("://")
+        got = f"a {scheme}:// URL" if sep and _SCHEME.fullmatch(scheme) else "no URL scheme"
+        raise InvalidArgumentError(
+            f"{name} must be a redis://, rediss:// or unix:// URL, got {got}",
+            "for example redis://user:PASSWORD@host:6379/0 or unix:///run/redis.sock",
+        )
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError on a bad port
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{name} is not a valid URL: {redacted_url(value)!r:.120}"
+        ) from None
+    if parts.scheme != "unix" and not parts.hostname:
+        raise InvalidArgumentError(f"{name} names no host: {redacted_url(value)!r:.120}")
+    if parts.scheme == "unix" and not parts.path:
+        raise InvalidArgumentError(f"{name} names no socket path: {redacted_url(value)!r:.120}")
+    return value
 
 
 # --- validation helpers ---------------------------------------------------------------

@@ -23,6 +23,15 @@ it runs at four points of every chat / text completion:
    shards to the vLLM workers behind the proxy.  Token-id fields the client
    did not ask for are removed from its answer.
 
+Fleet: with ``redis`` in the config (or ``$AGENTSPEC_REDIS_URL``) the store
+also publishes every learned answer to the fleet's Redis stream, from its
+journal (the outbox), so Redis being down never holds up a request and the
+backlog goes out once it is back.  Each call then carries a request
+identity, ``vllm_xargs.agentspec_request_id`` (the client's own value when
+it sent a valid one, else a fresh random one), and its answer is learned
+under it: a vLLM worker (or agentspec's engine) publishing the same answer
+under the same identity adds nothing to the fleet (docs/fleet.md).
+
 agentspec never fails a user request: every hook catches its own errors,
 counts them (``hook.counters``, and ``stats_file``) and logs the error type,
 and the request goes on untouched.  The store, tokenizers and pusher are set
@@ -35,7 +44,8 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from collections.abc import AsyncGenerator, Mapping
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,17 +54,25 @@ from litellm.integrations.custom_logger import CustomLogger
 from agentspec import ShardPusher, ShardStore
 from agentspec._client_learn import load_tokenizer
 from agentspec._log import get_logger
-from agentspec_litellm.config import HookConfig, load_config
+from agentspec.fleet import check_identity
+from agentspec_litellm.config import HookConfig, load_config, redacted_url
 from agentspec_litellm.learner import Counters, Encoder, Job, Learner
-from agentspec_litellm.outputs import StreamAccumulator, response_outputs, strip_token_ids
-from agentspec_litellm.tags import RequestTags, resolve_tags
+from agentspec_litellm.outputs import (
+    Outputs,
+    StreamAccumulator,
+    response_outputs,
+    strip_token_ids,
+)
+from agentspec_litellm.tags import XARG_PREFIX, RequestTags, client_xargs, resolve_tags
 
-__all__ = ["STASH_KEY", "AgentSpecHook", "merge_xargs"]
+__all__ = ["REQUEST_ID_XARG", "STASH_KEY", "AgentSpecHook", "merge_xargs"]
 
 _log = get_logger()
 
 #: Key of the hook's per-request state in the request ``metadata``.
 STASH_KEY = "agentspec"
+#: The ``vllm_xargs`` key of the request identity the fleet knows an answer by.
+REQUEST_ID_XARG = f"{XARG_PREFIX}request_id"
 
 #: LiteLLM call types the hook handles (chat and text completions).
 _CALL_TYPES = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
@@ -90,6 +108,8 @@ class _State:
     config: HookConfig
     learner: Learner
     pushers: list[ShardPusher] = field(default_factory=list)
+    #: The fleet's Redis URL, password hidden (None: no fleet).
+    fleet: str | None = None
 
 
 def _stash(data: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -106,6 +126,28 @@ def _key(stash: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
     return (stash["tenant"], stash.get("pipeline"), stash.get("stage"))
 
 
+def _job(stash: Mapping[str, Any], outputs: Outputs) -> Job:
+    """The learner's job for a finished answer (under the call's fleet identity, if any)."""
+    rid = stash.get("request_id")
+    identity = rid if isinstance(rid, str) else None
+    return Job(_key(stash), outputs, stash.get("model"), identity)
+
+
+#: ``flush(None)``: wait this long (seconds) for the fleet, which is as good as forever.
+_FOREVER = 1e9
+
+
+def _no_secrets(text: str) -> str:
+    return text
+
+
+def _scrubber(url: str) -> Callable[[str], str]:
+    """A function removing ``url``'s password from a text."""
+    from agentspec.fleet import Redactor
+
+    return Redactor(url).scrub
+
+
 class AgentSpecHook(CustomLogger):
     """The LiteLLM callback (see the module docstring).
 
@@ -120,6 +162,7 @@ class AgentSpecHook(CustomLogger):
         self._config_arg = config
         self._state: _State | None = None
         self._lock = threading.Lock()
+        self._scrub: Callable[[str], str] = _no_secrets
         self.counters = Counters()
 
     # --- setup --------------------------------------------------------------------------
@@ -144,13 +187,27 @@ class AgentSpecHook(CustomLogger):
                 if arg is not None
                 else load_config()
             )
+            url = config.redis_url()
         except Exception as exc:
             self._error("config", exc)
-            config = HookConfig()
+            config, url = HookConfig(), None
+        if url is not None:
+            self._scrub = _scrubber(url)
+            if config.store is None:
+                _log.warning(
+                    "agentspec_litellm_fleet_without_store",
+                    redis=redacted_url(url),
+                    hint="the fleet publishes from the store's journal: set store in the "
+                    "agentspec LiteLLM config to publish there",
+                )
         store = None
         if config.store is not None:
             try:
-                store = ShardStore(config.store, max_bytes=config.store_max_bytes)
+                store = ShardStore(
+                    config.store,
+                    max_bytes=config.store_max_bytes,
+                    redis=url if url is not None else False,
+                )
             except Exception as exc:
                 self._error("store_open", exc)
         encoders: dict[str, Encoder] = {}
@@ -168,8 +225,10 @@ class AgentSpecHook(CustomLogger):
             lead_tokens=config.lead_tokens,
             queue_size=config.queue_size,
             stats_file=config.stats_file,
+            scrub=self._scrub,
         )
-        state = _State(config, learner)
+        fleet = redacted_url(url) if url is not None and store is not None else None
+        state = _State(config, learner, fleet=fleet)
         if store is not None:
             state.pushers = self._start_pushers(config, store)
         atexit.register(self.close)
@@ -178,6 +237,7 @@ class AgentSpecHook(CustomLogger):
             store=str(config.store) if store is not None else None,
             push=[url for p in state.pushers for url in p.endpoints],
             tenant_from=config.tenant_from,
+            fleet=fleet,
         )
         return state
 
@@ -213,14 +273,26 @@ class AgentSpecHook(CustomLogger):
         except Exception as exc:
             self._error("close", exc)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until queued answers are learned and the workers caught up."""
+    @property
+    def store(self) -> ShardStore | None:
+        """The store answers are learned into (None: before the first request, or none)."""
+        state = self._state
+        return None if state is None else state.learner.store
+
+    def flush(self, timeout: float | None = None, *, fleet: bool = True) -> bool:
+        """Wait until queued answers are learned, the workers caught up and, with a
+        fleet (unless ``fleet=False``), Redis durably holds every answer learned so
+        far; False on timeout."""
         state = self._state
         if state is None:
             return True
         done = state.learner.flush(timeout)
         for p in state.pushers:
             done = p.flush(timeout) and done
+        store = state.learner.store
+        outbox = store.fleet if store is not None and fleet else None
+        if outbox is not None:
+            done = outbox.flush(_FOREVER if timeout is None else timeout) and done
         return done
 
     def _error(self, where: str, exc: BaseException) -> None:
@@ -228,7 +300,7 @@ class AgentSpecHook(CustomLogger):
         self.counters.add("errors")
         self.counters.add(f"errors.{where}")
         _log.warning("agentspec_litellm_error", where=where, error=type(exc).__name__)
-        _log.debug("agentspec_litellm_error", where=where, detail=str(exc))
+        _log.debug("agentspec_litellm_error", where=where, detail=self._scrub(str(exc))[:500])
         state = self._state
         if state is not None:
             state.learner.poke()
@@ -253,6 +325,8 @@ class AgentSpecHook(CustomLogger):
             stash: dict[str, Any] = tags.as_dict()
             stash["client_ids"] = bool(data.get("return_token_ids"))
             stash["model"] = data.get("model") if isinstance(data.get("model"), str) else None
+            if state.fleet is not None:
+                stash["request_id"] = self._request_id(data)
             ask_ids = state.config.return_token_ids and not stash["client_ids"]
             md[STASH_KEY] = stash
             data["metadata"] = md
@@ -262,6 +336,20 @@ class AgentSpecHook(CustomLogger):
         except Exception as exc:
             self._error("pre_call", exc)
         return data
+
+    def _request_id(self, data: Mapping[str, Any]) -> str:
+        """The call's identity in the fleet: the client's own, if valid, else a new one."""
+        raw = client_xargs(data).get(REQUEST_ID_XARG)
+        if raw is not None:
+            try:
+                return check_identity(raw)
+            except Exception as exc:
+                self.counters.add("tag_problems")
+                _log.warning(
+                    "agentspec_litellm_bad_tag",
+                    problem=f"vllm_xargs.{REQUEST_ID_XARG}: {exc}"[:200],
+                )
+        return uuid.uuid4().hex
 
     async def async_pre_call_deployment_hook(
         self, kwargs: dict[str, Any], call_type: Any
@@ -274,7 +362,10 @@ class AgentSpecHook(CustomLogger):
             tags = RequestTags(
                 stash["tenant"], stash.get("session"), stash.get("stage"), stash.get("pipeline")
             )
-            return merge_xargs(kwargs, tags.xargs())
+            xargs = tags.xargs()
+            if isinstance(stash.get("request_id"), str):
+                xargs[REQUEST_ID_XARG] = stash["request_id"]
+            return merge_xargs(kwargs, xargs)
         except Exception as exc:
             self._error("deployment", exc)
             return None
@@ -288,7 +379,7 @@ class AgentSpecHook(CustomLogger):
             if stash is None or self._state is None:
                 return
             outputs = response_outputs(response)
-            self._state.learner.submit(Job(_key(stash), outputs, stash.get("model")))
+            self._state.learner.submit(_job(stash, outputs))
             if not stash.get("client_ids"):
                 strip_token_ids(response)
         except Exception as exc:
@@ -335,7 +426,7 @@ class AgentSpecHook(CustomLogger):
             if state is None:
                 return
             if acc.finished:
-                state.learner.submit(Job(_key(stash), acc.outputs(), stash.get("model")))
+                state.learner.submit(_job(stash, acc.outputs()))
             else:
                 self.counters.add("unfinished_streams")
                 state.learner.poke()  # the stats file shows the count

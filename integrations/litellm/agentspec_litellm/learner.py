@@ -5,7 +5,10 @@ the answer's `Outputs` and its model group).  For each choice it learns the
 upstream's token ids -- behind the last ``lead_tokens`` prompt tokens when
 the upstream returned those -- or, lacking ids, the text encoded by the
 model group's configured tokenizer.  `ShardStore.learn` writes (and fsyncs)
-a journal record, which is why it never runs on the event loop.
+a journal record, which is why it never runs on the event loop.  Every
+choice of a job is learned under the job's ``identity`` (the call's
+``agentspec_request_id``) when it has one: a store with a fleet publishes it
+under that identity, as a vLLM worker serving the call does.
 
 `Counters` are shared with the hook: every failure anywhere is counted
 there, and the worker writes them to ``stats_file`` (atomically) whenever
@@ -64,6 +67,8 @@ class Job:
     key: tuple[str, str | None, str | None]
     outputs: Outputs
     model: str | None
+    #: The call's request identity in the fleet (None: a random one per choice).
+    identity: str | None = None
 
 
 class Learner:
@@ -78,14 +83,20 @@ class Learner:
         lead_tokens: int = 8,
         queue_size: int = 1024,
         stats_file: Path | None = None,
+        scrub: Callable[[str], str] | None = None,
     ) -> None:
-        """Learn into ``store`` (None: count the answers, learn nothing)."""
+        """Learn into ``store`` (None: count the answers, learn nothing).
+
+        ``scrub`` removes secrets (the fleet's Redis password) from error
+        texts before they are logged.
+        """
         self.store = store
         self.counters = counters
         self._encoders = dict(encoders or {})
         self._lead = lead_tokens
         self._max = queue_size
         self._stats_file = stats_file
+        self._scrub: Callable[[str], str] = scrub or (lambda text: text)
         self._queue: deque[Job | None] = deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -145,7 +156,7 @@ class Learner:
                 self.counters.add("errors")
                 self.counters.add(f"errors.{type(exc).__name__}")
                 _log.warning("agentspec_litellm_learn_failed", error=type(exc).__name__)
-                _log.debug("agentspec_litellm_learn_failed", detail=str(exc))
+                _log.debug("agentspec_litellm_learn_failed", detail=self._scrub(str(exc))[:500])
             finally:
                 with self._cond:
                     idle = not self._queue
@@ -172,7 +183,7 @@ class Learner:
             if self.store is None:
                 self.counters.add("not_stored")  # no store (none configured, or it failed)
                 continue
-            self.store.learn(job.key, seq)
+            self.store.learn(job.key, seq, identity=job.identity)
             self.counters.add("learned")
             self.counters.add("learned_tokens", len(seq))
 
@@ -201,9 +212,31 @@ class Learner:
                         {"key": list(key), "sequences": st.sequences, "tokens": st.tokens}
                     )
                 data["shards"] = shards
+                if self.store.fleet is not None:
+                    data["fleet"] = _fleet_stats(self.store)
             tmp = self._stats_file.with_name(f".{self._stats_file.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
             os.replace(tmp, self._stats_file)
         except Exception as exc:
             self.counters.add("errors")
             _log.warning("agentspec_litellm_stats_write_failed", error=type(exc).__name__)
+
+
+def _fleet_stats(store: ShardStore) -> dict[str, Any]:
+    """The store's fleet outbox for the stats file (the Redis URL's password as ``***``)."""
+    from agentspec_litellm.config import redacted_url
+
+    fleet = store.fleet
+    assert fleet is not None
+    st = fleet.stats()
+    pub = st.publisher
+    return {
+        "redis": redacted_url(fleet.options.url),
+        "pending": st.pending,
+        "settled": st.settled,
+        "rejected": st.rejected,
+        "connected": pub.connected,
+        "published": pub.published,
+        "failures": pub.failures,
+        "last_error": pub.last_error,
+    }

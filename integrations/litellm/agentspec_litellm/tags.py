@@ -42,7 +42,7 @@ from agentspec._tags import (
 from agentspec.exceptions import InvalidArgumentError
 from agentspec_litellm.config import HookConfig, hash_key
 
-__all__ = ["XARG_PREFIX", "RequestTags", "request_headers", "resolve_tags"]
+__all__ = ["XARG_PREFIX", "RequestTags", "client_xargs", "request_headers", "resolve_tags"]
 
 #: Prefix of the agentspec keys in ``vllm_xargs`` and in body ``metadata``.
 XARG_PREFIX = "agentspec_"
@@ -97,14 +97,19 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def client_xargs(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The client's ``vllm_xargs`` (top level, else in its ``extra_body``; none: empty)."""
+    return _mapping(data.get("vllm_xargs")) or _mapping(
+        _mapping(data.get("extra_body")).get("vllm_xargs")
+    )
+
+
 def resolve_tags(
     data: Mapping[str, Any], user_key: Any, config: HookConfig
 ) -> tuple[RequestTags, list[str]]:
     """The request's tags and the problems met (invalid values that were dropped)."""
     problems: list[str] = []
-    xargs = _mapping(data.get("vllm_xargs")) or _mapping(
-        _mapping(data.get("extra_body")).get("vllm_xargs")
-    )
+    xargs = client_xargs(data)
     metadata = _mapping(data.get("metadata"))
     headers = request_headers(data)
     model = data.get("model") if isinstance(data.get("model"), str) else None

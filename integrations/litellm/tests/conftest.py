@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,10 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# The main suite's helpers (`redis_server`: a real redis-server per test) are imported
+# from its folder, not copied; appended, so this folder's own modules come first.
+sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
 
 from harness import ENGINE_PYTHON_ENV, Forwarder, Process, start_engine, start_proxy
 

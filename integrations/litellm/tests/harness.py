@@ -50,13 +50,14 @@ class Process:
 
 
 @contextlib.contextmanager
-def start_engine(workdir: Path) -> Iterator[Process]:
-    """The embedded engine on a free port (skips are the caller's business)."""
+def start_engine(workdir: Path, *args: str) -> Iterator[Process]:
+    """The embedded engine on a free port, with ``args`` added to its command line
+    (skips are the caller's business)."""
     python = os.environ[ENGINE_PYTHON_ENV]
     port = free_port()
     log = workdir / "engine.log"
     cmd = [python, "-m", "agentspec", "serve", "smollm2-135m", "--engine", "embedded"]
-    cmd += ["--port", str(port), "--threads", "2"]
+    cmd += ["--port", str(port), "--threads", "2", *args]
     with _serving(spawn(cmd, log, os.environ), port, log, "/health", 240, "engine") as server:
         yield server
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentspec.exceptions import InvalidArgumentError
-from agentspec_litellm.config import CONFIG_ENV, HookConfig, hash_key, load_config
+from agentspec_litellm.config import CONFIG_ENV, REDIS_URL_ENV, HookConfig, hash_key, load_config
 
 
 def test_defaults_without_a_config_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,3 +71,86 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(InvalidArgumentError, match="must be a mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+# --- redis: the fleet's URL, from the config or $AGENTSPEC_REDIS_URL --------------------
+
+SECRET = "s3cret-Pa55"
+
+
+def test_redis_from_the_config_key_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    assert HookConfig().redis_url() is None
+    (tmp_path / "a.yaml").write_text("store: /tmp/s\nredis: redis://cache:6379/2\n")
+    assert load_config(tmp_path / "a.yaml").redis_url() == "redis://cache:6379/2"
+    monkeypatch.setenv(REDIS_URL_ENV, f"rediss://u:{SECRET}@env:6380/0")
+    assert HookConfig().redis_url() == f"rediss://u:{SECRET}@env:6380/0"
+    assert load_config(tmp_path / "a.yaml").redis_url() == "redis://cache:6379/2"  # key wins
+    off = HookConfig.from_mapping({"store": "/tmp/s", "redis": False})
+    assert off.redis is False
+    assert off.redis_url() is None  # false: no fleet whatever the environment says
+    monkeypatch.setenv(REDIS_URL_ENV, "")
+    assert HookConfig().redis_url() is None
+    unix = HookConfig.from_mapping({"store": "/tmp/s", "redis": "unix:///run/r.sock"})
+    assert unix.redis_url() == "unix:///run/r.sock"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://u:{SECRET}@h:6379",
+        f"u:{SECRET}@h:6379",
+        "h:6379",
+        f"redis://u:{SECRET}@h:port",
+        f"redis://:{SECRET}@",
+        f"unix://u:{SECRET}@",
+        f"redis://u:{SECRET}@[::1",
+        "",
+        3,
+        True,
+    ],
+)
+def test_bad_redis_urls_are_refused_without_their_password(
+    url: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    with pytest.raises(InvalidArgumentError, match=r"^redis ") as info:
+        HookConfig.from_mapping({"store": "/tmp/s", "redis": url})
+    text = f"{info.value} {info.value!r}"
+    assert SECRET not in text
+    if url == f"redis://u:{SECRET}@h:port":
+        assert "redis://u:***@h:port" in text  # the URL, redacted
+    if isinstance(url, str) and url:
+        monkeypatch.setenv(REDIS_URL_ENV, url)
+        with pytest.raises(InvalidArgumentError, match=rf"^\${REDIS_URL_ENV} ") as info:
+            HookConfig.from_mapping({"store": "/tmp/s"})
+        assert SECRET not in f"{info.value} {info.value!r}"
+
+
+def test_the_refusals_say_what_is_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    with pytest.raises(InvalidArgumentError, match="or unix:// URL, got a http:// URL"):
+        HookConfig.from_mapping({"store": "/tmp/s", "redis": f"http://u:{SECRET}@h"})
+    with pytest.raises(InvalidArgumentError, match="got no URL scheme"):
+        HookConfig.from_mapping({"store": "/tmp/s", "redis": f"u:{SECRET}@h:6379"})
+    with pytest.raises(InvalidArgumentError, match="redis needs store"):
+        HookConfig.from_mapping({"redis": "redis://h:6379"})
+    with pytest.raises(InvalidArgumentError, match="redis needs store"):
+        HookConfig(redis="redis://h:6379")
+
+
+def test_the_password_is_not_in_the_repr() -> None:
+    config = HookConfig(store=Path("/tmp/s"), redis=f"redis://u:{SECRET}@h:6379/0")
+    assert SECRET not in repr(config)
+    assert SECRET not in str(config)
+    assert config.redis_url() == f"redis://u:{SECRET}@h:6379/0"
+
+
+def test_a_yaml_error_does_not_quote_the_file(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(f"store: /tmp/s\nredis: redis://u:{SECRET}@h:6379: [\n")
+    with pytest.raises(InvalidArgumentError, match=r"not valid YAML: line 2, column \d+") as info:
+        load_config(tmp_path / "a.yaml")
+    assert SECRET not in f"{info.value} {info.value!r}"
+    assert info.value.__cause__ is None
