@@ -13,6 +13,10 @@ Main entry points:
 - `DraftParams` / `Draft`: drafting parameters and results.
 - `Speculator`: stage shards (one tree per pipeline stage) plus per-request
   trees, learned online from finished responses.
+- `GoodputController`: cuts each step's drafts to what pays, from calibrated
+  acceptance probabilities and the measured step cost (in `Speculator` by
+  default; usable with `BatchDrafter` drafts in another engine).
+- `agentspec.fleet`: shards shared by every replica through Redis Streams.
 - `agentspec.compat.SuffixDecodingCache`: drop-in for arctic-inference's API.
 - `AgentSpecClient` / `AsyncAgentSpecClient`: drop-ins for ``openai.OpenAI`` /
   ``AsyncOpenAI`` that tag calls by session and stage (`stage`, `session`)
@@ -30,6 +34,7 @@ from importlib import metadata as _metadata
 from agentspec import exceptions
 from agentspec._batch import BatchDrafter, draft_batch
 from agentspec._draft import Cursor, Draft, DraftParams
+from agentspec._goodput import GoodputController
 from agentspec._intake import ShardIntake, serve_intake
 from agentspec._pusher import EndpointStatus, PushError, ShardPusher
 from agentspec._shardkey import ShardKey
@@ -68,6 +73,7 @@ __all__ = [
     "Draft",
     "DraftParams",
     "EndpointStatus",
+    "GoodputController",
     "PushError",
     "ShardIntake",
     "ShardKey",

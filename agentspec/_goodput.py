@@ -29,16 +29,31 @@ dt`` (dt: the marginal cost of one more token), so the greedy rule takes
 the batch's tokens in descending p and stops at the first that does not
 help; with path probabilities decreasing along each draft this is the
 optimum for a linear cost.  Free verification (``dt = 0``) keeps every
-offered token; a very expensive token keeps none.
+offered token; very expensive verification keeps none but the tokens that
+are certain (p = 1 is always worth it under a linear cost: the step already
+pays for the request's own token).
+
+`GoodputController` puts the parts together for an engine: it corrects
+each draft's probabilities (`AcceptanceCalibrator`, per group such as
+(stage, source tree)), allocates draft lengths over the batch with the
+step-cost model, and trims the drafts (a tree draft keeps its most
+probable nodes, every kept node's parent included).  The engine reports
+back what each step verified (`GoodputController.observe_step`) and how
+much of each draft was accepted (`GoodputController.observe_accepted`).
+Until the cost model is ready, drafts pass through unchanged, so a
+controller never does worse than the fixed policy for lack of data.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-__all__ = ["StepCostModel", "allocate"]
+from agentspec._calibration import AcceptanceCalibrator, conditional_probs
+from agentspec._draft import Draft
+
+__all__ = ["GoodputController", "StepCostModel", "allocate", "trim_draft"]
 
 
 class StepCostModel:
@@ -148,3 +163,120 @@ def allocate(
         if out[r] < limits[r]:
             heapq.heappush(heap, (-path_probs[r][out[r]], r))
     return out
+
+
+def trim_draft(draft: Draft, order: Sequence[int], keep: int) -> Draft:
+    """``draft`` with only the nodes ``order[:keep]`` (parents before children), re-indexed."""
+    if keep >= len(draft.token_ids):
+        return draft
+    kept = sorted(order[:keep])
+    where = {old: new for new, old in enumerate(kept)}
+    tokens = [draft.token_ids[i] for i in kept]
+    parents = [where[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in kept]
+    probs = [draft.probs[i] for i in kept]
+    return Draft(tokens, parents, probs, float(sum(probs)), draft.match_len, draft.source)
+
+
+class GoodputController:
+    """Per-step draft lengths from calibrated probabilities and the measured step cost.
+
+    Args:
+        calibrator: the acceptance correction (default: a fresh one).
+        cost: the step-cost model (default: a fresh one).
+        enabled: False passes drafts through unchanged (the fixed policy),
+            still learning from what is reported.
+
+    Not thread-safe: one controller per engine loop.
+    """
+
+    def __init__(
+        self,
+        calibrator: AcceptanceCalibrator | None = None,
+        cost: StepCostModel | None = None,
+        *,
+        enabled: bool = True,
+    ) -> None:
+        """Create a controller (see the class docstring)."""
+        self.calibrator = calibrator if calibrator is not None else AcceptanceCalibrator()
+        self.cost = cost if cost is not None else StepCostModel()
+        self.enabled = enabled
+        self.offered = 0  # draft tokens offered to `trim`
+        self.kept = 0  # of those, kept
+
+    @property
+    def active(self) -> bool:
+        """Whether `trim` cuts drafts now (enabled, and the cost model is ready)."""
+        return self.enabled and self.cost.ready
+
+    def corrected_path_probs(self, draft: Draft, group: Hashable) -> list[float]:
+        """Each node's probability of being accepted with its whole path, corrected."""
+        cond = self.calibrator.correct_all(group, conditional_probs(draft.probs, draft.parents))
+        path: list[float] = []
+        for i, c in enumerate(cond):
+            j = draft.parents[i]
+            path.append(c * (1.0 if j < 0 else path[j]))
+        return path
+
+    def trim(
+        self,
+        drafts: Sequence[Draft],
+        groups: Sequence[Hashable],
+        caps: Sequence[int] | None = None,
+    ) -> list[Draft]:
+        """The drafts of one step, each cut to the length `allocate` gives it.
+
+        ``groups``: per draft, its calibration group; ``caps``: per draft,
+        the most tokens it may keep (e.g. what is left before
+        ``max_tokens``).  A kept node's parent is always kept.
+        """
+        n = len(drafts)
+        if len(groups) != n or (caps is not None and len(caps) != n):
+            raise ValueError("drafts, groups and caps must have one entry per request")
+        offered = sum(len(d.token_ids) for d in drafts)
+        self.offered += offered
+        if not self.enabled or not self.cost.ready:
+            out = list(drafts)
+            if caps is not None:
+                out = [
+                    trim_draft(d, range(len(d.token_ids)), max(0, int(c)))
+                    for d, c in zip(out, caps, strict=True)
+                ]
+            self.kept += sum(len(d.token_ids) for d in out)
+            return out
+        orders: list[list[int]] = []
+        offers: list[list[float]] = []
+        for d, g in zip(drafts, groups, strict=True):
+            path = self.corrected_path_probs(d, g)
+            # descending probability; on ties the lower index (a parent) first
+            order = sorted(range(len(path)), key=lambda i, p=path: (-p[i], i))
+            orders.append(order)
+            offers.append([path[i] for i in order])
+        lengths = allocate(offers, self.cost, caps)
+        out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
+        self.kept += sum(lengths)
+        return out
+
+    def observe_accepted(self, group: Hashable, draft: Draft, accepted: int) -> None:
+        """Report that the first ``accepted`` tokens of a verified chain ``draft`` were kept.
+
+        Only the verified prefix is read (the accepted tokens and the first
+        rejected one).  Tree drafts are reported along their accepted path
+        by the caller (as a chain); a prefix of another shape is ignored.
+        """
+        n = min(max(0, accepted) + 1, len(draft.token_ids))
+        parents, probs = draft.parents, draft.probs
+        cond: list[float] = []
+        prev = 1.0
+        for i in range(n):
+            if parents[i] != i - 1:
+                return
+            p = probs[i]
+            c = p / prev if prev > 0 else 0.0
+            cond.append(1.0 if c > 1.0 else (0.0 if c < 0.0 else c))
+            prev = p
+        if cond:
+            self.calibrator.observe(group, cond, min(max(0, accepted), n))
+
+    def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
+        """Report a verification step: ``batch`` requests, ``tokens`` verified, its time."""
+        self.cost.observe(batch, tokens, seconds)

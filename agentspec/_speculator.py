@@ -39,6 +39,14 @@ the shared budget, while their sum exceeds its total.  Unlike the token
 budget these may evict a shard's newest sequence too (a response larger than
 the budget does not stay).  `memory` reports the bytes held and the
 evictions.
+
+Goodput control (``goodput``, on by default; see `agentspec._goodput`):
+every draft is cut to the length that maximises expected tokens per
+second of step time, from its calibrated acceptance probabilities
+(learned from `extend`: the draft's accepted prefix, per (shard key,
+draft source)) and a step-cost model the engine feeds with
+`observe_step`.  Until the engine has reported enough steps, drafts pass
+unchanged; ``goodput=False`` keeps the fixed policy.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from agentspec._args import as_int
 from agentspec._batch import BatchDrafter, _check_caps
 from agentspec._budget import LearnedBudget, live_bytes, parse_byte_size
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth, resolve_params
+from agentspec._goodput import GoodputController
 from agentspec._log import get_logger
 from agentspec._tokens import TokenArray, as_int32_buffer
 from agentspec._tree import SuffixTree
@@ -108,6 +117,7 @@ class _Request:
     trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
     version: int = -1  # the Speculator's shard version `trees` was computed at
     seq: int | None = None  # id of its open sequence in its shards (live learning)
+    last: Draft | None = None  # its last controlled draft, until `extend` reports on it
 
 
 class Speculator:
@@ -135,6 +145,8 @@ class Speculator:
         live: learn each response while it is generated, as an open
             sequence of its shards (see the module docstring), instead of
             when it finishes.
+        goodput: True (a fresh `GoodputController`), a controller to use,
+            or False (the fixed policy: drafts as the params give them).
 
     Not thread-safe: use one Speculator from one thread (or lock around it).
     """
@@ -153,6 +165,7 @@ class Speculator:
         live: bool = False,
         max_bytes: int | None = None,
         budget: LearnedBudget | None = None,
+        goodput: bool | GoodputController = True,
     ) -> None:
         """Create an empty speculator (see the class docstring for the arguments)."""
         max_depth = check_max_depth(max_depth)
@@ -194,6 +207,14 @@ class Speculator:
         self._handles = _lowlevel.new_tree_array(_lowlevel.MAX_GLOBALS)
         self._batchers: dict[DraftParams, BatchDrafter] = {}
         self._last_batcher: tuple[DraftParams, BatchDrafter] | None = None
+        if isinstance(goodput, GoodputController):
+            self._goodput: GoodputController | None = goodput
+        elif goodput is True:
+            self._goodput = GoodputController()
+        elif goodput is False:
+            self._goodput = None
+        else:
+            raise TypeError(f"goodput must be a bool or a GoodputController, not {goodput!r}")
         if budget is not None:
             budget.join(self)
 
@@ -237,6 +258,8 @@ class Speculator:
         req = self._request(req_id)
         ptr, n, keep = as_int32_buffer(tokens)
         req.cursor._extend_buffer(ptr, n, keep)
+        if req.last is not None:
+            self._report(req, keep)
         req.response.extend(keep.tolist() if not isinstance(keep, array.array) else keep)
         if self._live and n:
             self._grow(req, n)
@@ -281,7 +304,8 @@ class Speculator:
         trees = req.trees if req.version == self._version else self._request_trees(req)
         if extra_trees:
             trees = self._with_extra(trees, extra_trees)
-        return req.cursor._draft_multi(trees, p, self._handles)[0]
+        d = req.cursor._draft_multi(trees, p, self._handles)[0]
+        return d if self._goodput is None else self._control([req], [d], None)[0]
 
     def draft_source(
         self,
@@ -296,7 +320,8 @@ class Speculator:
         own = self._request_trees(req)
         trees = self._with_extra(own, extra_trees)
         draft, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
-        return draft, self._source_name(req, own, draft, index)
+        name = self._source_name(req, own, draft, index)
+        return draft if self._goodput is None else self._control([req], [draft], None)[0], name
 
     def draft_batch(
         self,
@@ -360,10 +385,58 @@ class Speculator:
         checked = None if caps is None else _check_caps(caps, len(ids))
         drafter = self._batcher(params or self._params, len(ids))
         rows = drafter._draft_rows([req.cursor for req in reqs], trees, None, [], checked)
+        drafts = [d for d, _ in rows]
+        if self._goodput is not None:
+            drafts = self._control(reqs, drafts, checked)
         return [
-            (draft, self._source_name(req, own, draft, index))
-            for req, own, (draft, index) in zip(reqs, owns, rows, strict=True)
+            (draft, self._source_name(req, own, raw, index))
+            for req, own, draft, (raw, index) in zip(reqs, owns, drafts, rows, strict=True)
         ]
+
+    # --- goodput control ------------------------------------------------------
+
+    @property
+    def goodput(self) -> GoodputController | None:
+        """The goodput controller (None: the fixed policy)."""
+        return self._goodput
+
+    def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
+        """Report a verification step: ``batch`` requests verified ``tokens``
+        tokens (their own plus every draft token) in ``seconds``.
+
+        Feeds the goodput controller's step-cost model (nothing without one).
+        """
+        if self._goodput is not None:
+            self._goodput.observe_step(as_int(batch, "batch"), as_int(tokens, "tokens"), seconds)
+
+    def _control(
+        self, reqs: Sequence[_Request], drafts: list[Draft], caps: Sequence[int] | None
+    ) -> list[Draft]:
+        """Cut drafts with the goodput controller; remember them for `extend`."""
+        ctl = self._goodput
+        assert ctl is not None
+        if caps is None and not ctl.active:  # the fixed policy, at the least cost
+            for r, d in zip(reqs, drafts, strict=True):
+                r.last = d if d.token_ids else None
+            return drafts
+        out = ctl.trim(drafts, [(r.key, d.source) for r, d in zip(reqs, drafts, strict=True)], caps)
+        for r, d in zip(reqs, out, strict=True):
+            r.last = d if d.token_ids else None
+        return out
+
+    def _report(self, req: _Request, tokens: Any) -> None:
+        """Tell the controller how much of the request's last draft ``tokens`` accepted."""
+        d = req.last
+        req.last = None
+        ctl = self._goodput
+        if d is None or ctl is None:
+            return
+        want = d.token_ids
+        accepted = 0
+        limit = min(len(want), len(tokens))
+        while accepted < limit and want[accepted] == tokens[accepted]:
+            accepted += 1
+        ctl.observe_accepted((req.key, d.source), d, accepted)
 
     def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
         """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""

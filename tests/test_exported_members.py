@@ -53,6 +53,7 @@ def test_exported_api_is_the_documented_one() -> None:
         "Draft",
         "DraftParams",
         "EndpointStatus",
+        "GoodputController",
         "PushError",
         "ShardIntake",
         "ShardKey",

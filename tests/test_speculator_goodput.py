@@ -1,0 +1,116 @@
+"""`Speculator` with its goodput controller: fixed policy until the step cost is known,
+then drafts cut to what pays; acceptance learned from `extend`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentspec import DraftParams, GoodputController, Speculator
+from agentspec._goodput import StepCostModel
+
+PARAMS = DraftParams(max_spec_tokens=16, min_token_prob=0.0)
+ANSWER = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
+
+
+def _trained(goodput) -> Speculator:
+    spec = Speculator(16, params=PARAMS, goodput=goodput)
+    for i in range(6):  # the same answer six times: long, confident drafts
+        spec.start_request(("warm", i), [1, 2, 3], stage="sql")
+        spec.extend(("warm", i), ANSWER)
+        spec.finish(("warm", i))
+    return spec
+
+
+def _cost(token_seconds: float) -> StepCostModel:
+    m = StepCostModel(min_samples=3)
+    rng = random.Random(1)
+    for _ in range(50):
+        b = rng.randint(1, 8)
+        t = b + rng.randint(0, 4 * b)
+        m.observe(b, t, 0.01 + 0.001 * b + token_seconds * t)
+    return m
+
+
+def _first_draft(spec: Speculator, rid: object = "r") -> list[int]:
+    spec.start_request(rid, [1, 2, 3], stage="sql")
+    return spec.draft(rid).token_ids
+
+
+def test_without_step_timings_drafts_are_the_fixed_policys():
+    fixed = _first_draft(_trained(False))
+    assert fixed == ANSWER[: len(fixed)]
+    assert len(fixed) >= 3
+    spec = _trained(True)
+    assert isinstance(spec.goodput, GoodputController)
+    assert _first_draft(spec) == fixed
+    assert spec.draft_batch(["r"])[0].token_ids == fixed
+
+
+def test_free_verification_keeps_and_dear_verification_drops_the_draft():
+    fixed = _first_draft(_trained(False))
+    free = _trained(GoodputController(cost=_cost(0.0)))
+    assert _first_draft(free) == fixed
+    # Dear verification: a token that may be rejected is not worth its time ...
+    dear = _trained(GoodputController(cost=_cost(5.0)))
+    for i in range(6):  # another answer as often: the first token is a coin flip
+        dear.start_request(("alt", i), [1, 2, 3], stage="sql")
+        dear.extend(("alt", i), [60, 61, 62, 63])
+        dear.finish(("alt", i))
+    assert len(_first_draft(_trained(False))) > 0
+    assert _first_draft(dear) == []
+    # ... while a token certain to be accepted always is (it costs less than a step).
+    assert _first_draft(_trained(GoodputController(cost=_cost(5.0)))) == fixed
+
+
+def test_caps_and_max_spec_tokens_hold_with_the_controller():
+    spec = _trained(GoodputController(cost=_cost(0.0)))
+    spec.start_request("a", [1, 2, 3], stage="sql")
+    spec.start_request("b", [1, 2, 3], stage="sql")
+    a, b = spec.draft_batch(["a", "b"], caps=[3, 0])
+    assert a.token_ids == ANSWER[:3]
+    assert b.token_ids == []
+    short = spec.draft("a", DraftParams(max_spec_tokens=4, min_token_prob=0.0))
+    assert len(short.token_ids) <= 4
+
+
+def test_extend_reports_the_accepted_prefix_per_group():
+    ctl = GoodputController()
+    spec = _trained(ctl)
+    spec.start_request("r", [1, 2, 3], stage="sql")
+    d = spec.draft("r")
+    assert d.token_ids == ANSWER[:3]
+    spec.extend("r", [*ANSWER[:2], 99])  # 2 accepted, then the model's own token
+    (group,) = ctl.calibrator.groups()
+    assert group == ((None, "sql"), d.source)
+    seen = sum(b.verified for b in ctl.calibrator.table(group))
+    accepted = sum(b.accepted for b in ctl.calibrator.table(group))
+    assert (seen, accepted) == (3, 2)
+    spec.extend("r", [7])  # no draft in between: nothing more is reported
+    assert sum(b.verified for b in ctl.calibrator.table(group)) == 3
+
+
+def test_a_miscalibrated_group_gets_shorter_drafts_once_the_cost_is_known():
+    """Drafts of 'sql' are confident but always rejected after 1 token: the controller learns it."""
+    ctl = GoodputController(cost=_cost(0.004))
+    spec = _trained(ctl)
+    for i in range(200):
+        rid = ("probe", i)
+        spec.start_request(rid, [1, 2, 3], stage="sql")
+        spec.draft(rid)
+        spec.extend(rid, [ANSWER[0], 77])
+        spec.finish(rid, learn=False)
+    assert 0 < len(_first_draft(spec)) < len(_first_draft(_trained(False)))
+    assert ctl.kept < ctl.offered
+
+
+def test_observe_step_and_bad_goodput_values():
+    spec = Speculator(8)
+    for _ in range(20):
+        spec.observe_step(4, 20, 0.05)
+    assert spec.goodput is not None
+    assert spec.goodput.cost.samples == 20
+    Speculator(8, goodput=False).observe_step(1, 1, 0.01)  # no controller: ignored
+    with pytest.raises(TypeError, match="goodput"):
+        Speculator(8, goodput="yes")  # type: ignore[arg-type]
