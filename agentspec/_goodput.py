@@ -248,7 +248,7 @@ class GoodputController:
         for d, g in zip(drafts, groups, strict=True):
             path = self.corrected_path_probs(d, g)
             # descending probability; on ties the lower index (a parent) first
-            order = sorted(range(len(path)), key=lambda i, p=path: (-p[i], i))
+            order = [i for _, i in sorted((-p, i) for i, p in enumerate(path))]
             orders.append(order)
             offers.append([path[i] for i in order])
         lengths = allocate(offers, self.cost, caps)
