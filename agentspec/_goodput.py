@@ -74,6 +74,9 @@ class StepCostModel:
         self.decay = decay
         self.min_samples = min_samples
         self.samples = 0
+        #: Observations ignored as pauses: slower than this many times the prediction.
+        self.outlier_factor = 20.0
+        self.outliers = 0
         self._theta = [0.0, 0.0, 0.0]
         # P = (X^T X)^-1, started large (weak prior at zero)
         self._p = [[1.0 / prior if i == j else 0.0 for j in range(3)] for i in range(3)]
@@ -95,6 +98,9 @@ class StepCostModel:
         Non-finite or negative times and inconsistent counts are ignored.
         """
         if not (math.isfinite(seconds) and seconds >= 0 and 0 < batch <= tokens):
+            return
+        if self.ready and seconds > self.outlier_factor * max(self.predict(batch, tokens), 1e-9):
+            self.outliers += 1  # a pause (idle engine, preemption), not a step
             return
         x = (1.0, float(batch), float(tokens))
         p, lam = self._p, self.decay

@@ -37,6 +37,11 @@ which wins over the default.  Each key's environment variable is
 - ``fleet_max_tenants`` [16]: most tenants one worker subscribes to (one
   background thread and one Redis connection each); later tenants draft
   without fleet shards.
+- ``goodput`` [true]: cut each step's drafts to what pays (see
+  ``agentspec.GoodputController``): calibrated acceptance probabilities,
+  learned from what the worker's steps accept, against the step time the
+  proposer measures between its calls.  false: the fixed policy (every
+  draft as ``alpha``/``min_token_prob`` give it).
 - ``fleet_publish`` [true]: publish the responses this worker serves.
   false: a replica that only subscribes, e.g. with a read-only Redis user
   (``agentspec.fleet.tenant_acl_rules(tenant, read_only=True)``); the
@@ -121,6 +126,7 @@ class AgentSpecVllmConfig:
     local_tree: bool = True
     learn: bool = True
     live_learning: bool = True
+    goodput: bool = True
     api_key: str | None = dataclasses.field(default=None, repr=False)
     shm_dir: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

@@ -52,12 +52,13 @@ from __future__ import annotations
 
 import array
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from agentspec import Draft, DraftParams, ShardKey, Speculator, SuffixTree
+from agentspec import Draft, DraftParams, GoodputController, ShardKey, Speculator, SuffixTree
 from agentspec._budget import LearnedBudget
 from agentspec._log import get_logger
 from agentspec._shardkey import DEFAULT_TENANT, check_key
@@ -175,6 +176,12 @@ class AgentSpecProposer:
         self._warned_unbound = False
         self._bad_tags = 0
         self.closed = False
+        # One controller for every tenant: the step cost is the worker's.
+        self.goodput = GoodputController(enabled=self.config.goodput)
+        self._clock = time.perf_counter
+        self._last_call: float | None = None
+        self._last_rows: frozenset[str] = frozenset()
+        self._last_tokens = 0
         self.fleet: WorkerFleet | None = None
         if self.config.redis_url is not None:
             self.fleet = self._make_fleet(self.config.redis_url)
@@ -233,6 +240,7 @@ class AgentSpecProposer:
                     reason="the model runner was not found: proposing no drafts",
                 )
             return [[] for _ in sampled_token_ids]
+        now = self._clock()
         requests: Mapping[str, Any] = runner.requests
         batch = runner.input_batch
         self.sweep(requests)
@@ -240,6 +248,7 @@ class AgentSpecProposer:
         num_prompt = batch.num_prompt_tokens
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         wanted: dict[str, list[tuple[int, str, _Active, int]]] = {}  # tenant -> rows to draft
+        decoding: list[str] = []  # requests that sampled tokens this step
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             state = requests.get(req_id) if req_id is not None else None
@@ -247,13 +256,27 @@ class AgentSpecProposer:
                 continue
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
             cap = self._feed(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
+            if len(sampled):
+                decoding.append(req_id)
             if cap > 0:
                 wanted.setdefault(act.key[0], []).append((i, req_id, act, cap))
+        self._time_step(now, frozenset(decoding))
         for tenant, rows in wanted.items():
             drafts = self._draft_rows(self._tenants[tenant], rows)
             for (i, _rid, act, _cap), (draft, source) in zip(rows, drafts, strict=True):
                 out[i] = self._record(act, draft, source)
+        self._last_tokens = len(decoding) + sum(len(d) for d in out)
         return out
+
+    def _time_step(self, now: float, rows: frozenset[str]) -> None:
+        """Feed the step-cost model: the time since the last call was the step that
+        verified what that call proposed.  Only when some request decodes on (a
+        request of that call is here again): else the engine sat idle in between."""
+        last, prev = self._last_call, self._last_rows
+        self._last_call, self._last_rows = now, rows
+        if last is None or not prev or rows.isdisjoint(prev):
+            return
+        self.goodput.observe_step(len(prev), max(self._last_tokens, len(prev)), now - last)
 
     # --- per request ----------------------------------------------------------
 
@@ -395,6 +418,7 @@ class AgentSpecProposer:
                 live=cfg.live_learning and cfg.learn,
                 max_bytes=cfg.max_tenant_learned_bytes,
                 budget=self.learned_budget,
+                goodput=self.goodput,
             )
         return spec
 

@@ -1,0 +1,81 @@
+"""The proposer's goodput controller, driven by the `Loop` runner stand-in with a simulated clock.
+
+The step time the proposer measures between its calls is simulated as
+``base + per_token * tokens verified``, so the tests decide whether draft
+tokens are cheap or dear; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from agentspec_vllm.proposer import AgentSpecProposer
+from test_proposer_unit import PROMPT, Loop, vllm_config
+
+K = 8
+
+
+class TimedLoop(Loop):
+    """`Loop` whose steps take ``base + per_token * verified tokens`` simulated seconds."""
+
+    def __init__(self, proposer: AgentSpecProposer, base: float, per_token: float) -> None:
+        super().__init__(proposer)
+        self.now = 0.0
+        self.base, self.per_token = base, per_token
+        self.proposed = 0
+        proposer._clock = lambda: self.now
+
+    def step(self, prefill: frozenset[str] = frozenset()) -> list[list[int]]:
+        verified = sum(1 + len(self.drafts[r]) for r in self.rows if r not in prefill)
+        self.now += self.base + self.per_token * verified
+        drafts = super().step(prefill)
+        self.proposed += sum(len(d) for d in drafts)
+        return drafts
+
+
+def _answers(seed: int, n: int) -> list[list[int]]:
+    """Answers that share a start and then go one of two ways: drafts are uncertain."""
+    rng = random.Random(seed)
+    common = [300 + i for i in range(6)]
+    return [common + [400 + rng.randrange(2) * 50 + i for i in range(10)] for _ in range(n)]
+
+
+def _serve_all(goodput: bool, base: float, per_token: float) -> tuple[TimedLoop, Any]:
+    proposer = AgentSpecProposer(vllm_config(k=K, goodput=goodput))
+    loop = TimedLoop(proposer, base, per_token)
+    for i, answer in enumerate(_answers(3, 40)):
+        loop.run(f"r{i}", PROMPT, answer, stage="SQL", pipeline="t2s")
+        if i == 20:
+            loop.now += 3600.0  # an idle hour: not a step
+    return loop, proposer
+
+
+def test_cheap_tokens_draft_what_the_fixed_policy_drafts():
+    fixed, _ = _serve_all(False, base=0.02, per_token=0.0)
+    ctl, proposer = _serve_all(True, base=0.02, per_token=0.0)
+    assert proposer.goodput.cost.ready
+    assert ctl.proposed == fixed.proposed
+    assert ctl.steps == fixed.steps
+
+
+def test_dear_tokens_draft_less_and_never_more_than_k():
+    fixed, _ = _serve_all(False, base=0.001, per_token=0.05)
+    ctl, proposer = _serve_all(True, base=0.001, per_token=0.05)
+    cost = proposer.goodput.cost
+    assert cost.ready
+    assert cost.token_cost() > 0.03  # it learned what a token costs ...
+    assert ctl.proposed < fixed.proposed  # ... and drafts less
+    assert proposer.goodput.kept < proposer.goodput.offered
+    assert all(len(d) <= K for d in ctl.drafts.values())
+
+
+def test_idle_gaps_are_not_steps():
+    _, proposer = _serve_all(True, base=0.02, per_token=0.001)
+    cost = proposer.goodput.cost
+    assert cost.predict(1, 2) < 1.0  # the idle hour did not enter the fit
+
+
+def test_goodput_off_keeps_the_controller_disabled():
+    proposer = AgentSpecProposer(vllm_config(k=K, goodput=False))
+    assert proposer.goodput.enabled is False
