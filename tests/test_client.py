@@ -536,6 +536,77 @@ def test_push_to_mirrors_learned_shards_to_a_worker(server, store):
         worker.stop(thread)
 
 
+def test_close_pushes_what_was_learned_the_readme_example(server, tmp_path, monkeypatch, capsys):
+    """The README's push_to example (no flush): close() leaves the worker current.
+
+    Checked as a user would: ``agentspec shards status`` with the key from
+    ``$AGENTSPEC_API_KEY`` (the one variable of every command) says in-sync.
+    """
+    from agentspec.__main__ import main
+
+    monkeypatch.setenv("AGENTSPEC_API_KEY", "k")
+    intake = ShardIntake(api_key="k")
+    worker, thread = serve_intake(intake)
+    path = tmp_path / "shards"
+    store = ShardStore(path)
+    try:
+        client = AgentSpecClient(
+            base_url=server.base_url,
+            max_retries=0,
+            store=store,
+            return_token_ids=True,
+            push_to=[worker.url],  # push_api_key: $AGENTSPEC_API_KEY
+        )
+        assert client.openai_client.api_key == "k"
+        with client.session("task-42", pipeline="text2sql"):
+            with tags_mod.stage("Extract"):
+                client.chat.completions.create(**call_args("chat", "extract it"))
+            client.chat.completions.create(**call_args("chat", "the sql"), stage="SQL")
+            client.chat.completions.create(**call_args("chat", "more sql"), stage="SQL")
+        assert client.close() is True  # no flush() before: close pushes
+        keys = store.keys()
+        assert len(keys) == 2
+        for key in keys:
+            tree, theirs = store.tree(key), intake.tree(key)
+            assert tree is not None
+            assert theirs is not None
+            assert theirs.sequence_ids() == tree.sequence_ids()
+        store.close()
+        capsys.readouterr()
+        assert main(["shards", "status", "--store", str(path), "--endpoint", worker.url]) == 0
+        out = capsys.readouterr().out
+        assert out.count("in-sync") == 2
+        assert "behind" not in out
+    finally:
+        store.close()
+        worker.stop(thread)
+
+
+def test_close_gives_up_on_a_silent_worker_in_time_and_says_what_is_left(server, store, caplog):
+    import socket
+    import time
+
+    silent = socket.socket()  # accepts connections (backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        client = make_client(server, store, return_token_ids=True, push_to=url)
+        client.chat.completions.create(**call_args("chat", "stuck"), stage="Stuck")
+        with caplog.at_level(logging.WARNING, logger="agentspec"):
+            start = time.monotonic()
+            assert client.close(timeout=1.0) is False
+            took = time.monotonic() - start
+        assert took < 6  # the push timeout plus the pusher's stop, not the 30 s request timeout
+        (rec,) = [r for r in caplog.records if r.getMessage() == "agentspec.client.push_incomplete"]
+        assert rec.levelno == logging.WARNING
+        assert rec.timeout == 1.0  # type: ignore[attr-defined]
+        assert rec.endpoints[url]["pending"] == ["default/-/Stuck"]  # type: ignore[attr-defined]
+    finally:
+        silent.close()
+    assert learned(store, ("default", None, "Stuck"))  # learned locally; the store keeps it
+
+
 # --- the recorder: never blocks, drops when full, logs without text ---------------------
 
 

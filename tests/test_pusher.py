@@ -565,3 +565,60 @@ def test_cli_failures(cleanup, tmp_path, capsys, monkeypatch):
                 add_push_arguments, ["--store", str(tmp_path / "no"), "--endpoint", "http://h"]
             )
         )
+
+
+class Silent:
+    """A worker that accepts connections (the kernel's backlog) and never answers."""
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+def test_close_cuts_a_request_to_a_worker_that_never_answers(cleanup):
+    silent = Silent()
+    store = ShardStore()
+    cleanup += [silent, store]
+    Learner(store).learn(2)
+    pusher = ShardPusher(store, [silent.url], timeout=60)  # one request could take 60 s
+    cleanup.append(pusher)
+    assert not pusher.flush(0.5)  # the snapshot is sent; no answer ever comes
+    (status,) = pusher.status().values()
+    assert status.pending
+    start = time.monotonic()
+    pusher.close(timeout=30)
+    assert time.monotonic() - start < 5
+    assert not pusher._thread.is_alive()
+
+
+def test_flush_bounds_the_probe_of_a_worker_that_hangs(cleanup):
+    """A worker that answered once, then hangs: flush(timeout) still returns in time."""
+    hang, release = threading.Event(), threading.Event()
+
+    class Hangs(IntakeRequestHandler):
+        def dispatch(self, method, path, query, headers, body):
+            if hang.is_set():
+                release.wait(30)  # holds the request until the test ends
+            return super().dispatch(method, path, query, headers, body)
+
+    store = ShardStore()
+    worker = Worker(handler=Hangs)
+    cleanup += [worker, store]
+    Learner(store).learn(3)
+    pusher = ShardPusher(store, [worker.url], timeout=60)
+    cleanup.append(pusher)
+    assert pusher.flush(20)
+    hang.set()
+    start = time.monotonic()
+    try:
+        pusher.flush(1.0)  # probes the known worker on its own connection: no answer
+        assert time.monotonic() - start < 4  # not the 60 s request timeout
+    finally:
+        release.set()
