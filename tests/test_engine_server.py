@@ -226,6 +226,7 @@ def test_seeded_sampling_is_reproducible(client) -> None:
 
     assert sample(False) == sample(False)
     assert 1 <= len(sample(True)) <= 8
+    assert sample(True) == sample(False)  # the seed's noise is keyed by position only
 
 
 # --- request options -------------------------------------------------------------

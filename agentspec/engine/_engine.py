@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from agentspec._budget import (
     DEFAULT_MAX_LEARNED_BYTES,
@@ -140,7 +139,15 @@ class GenerationRequest:
         stop: stop strings; the output ends before the first one.
         temperature: 0 for greedy decoding, else sampling.
         top_p: nucleus sampling mass.
-        seed: seeds the sampling RNG (None: fresh entropy).
+        top_k, min_p, repetition_penalty, frequency_penalty,
+            presence_penalty, logit_bias, allowed_token_ids: the other
+            sampling parameters (see `SamplingParams`; defaults: off).
+        seed: the sampling noise of output position k is
+            ``position_noise(seed, 0, k, vocab)`` (None: a random seed), so a
+            seeded request gives the same tokens with speculation on or off.
+        stop_token_ids: more token ids that end the output as EOS does
+            (the token is kept in ``token_ids``, its text is not sent).
+        ignore_eos: do not stop at the model's EOS tokens.
         key: the stage shard ``(tenant, pipeline, stage)``.
         speculate: draft (None: the engine's default).
         identity: names the request to the fleet: its finished response is
@@ -154,6 +161,15 @@ class GenerationRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
     key: ShardKey = ("default", None, None)
     speculate: bool | None = None
     identity: str | None = None
@@ -422,7 +438,17 @@ class Engine:
             InvalidArgumentError: a bad prompt or bad sampling parameters.
         """
         self.check_prompt(request.prompt_ids)
-        sampling = SamplingParams(request.temperature, request.top_p)
+        sampling = SamplingParams(
+            request.temperature,
+            request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+            logit_bias=tuple(request.logit_bias),
+            allowed_token_ids=request.allowed_token_ids,
+        )
         return self._run(request, sampling, cancelled or (lambda: False))
 
     def _run(
@@ -442,13 +468,16 @@ class Engine:
         tenant, pipeline, stage = req.key
         speculate = self.options.speculate if req.speculate is None else req.speculate
         stats = SpecStats(speculate=speculate)
-        rng = np.random.default_rng(req.seed) if not sampling.greedy else None
+        # One seed per request (a random one when none was given): the noise of
+        # output position k is position_noise(seed, 0, k, vocab), whatever the drafts.
+        seed = secrets.randbits(63) if req.seed is None else req.seed % 2**63
+        stop_ids = (frozenset() if req.ignore_eos else self.eos_ids) | frozenset(req.stop_token_ids)
         room_total = self.max_model_len - len(prompt)
         limit = min(req.max_tokens or self.options.default_max_tokens, room_total)
         spec = self._speculator(tenant)
         rid = next(self._ids)
         verifier = self.verifier
-        decoder = TextDecoder(self.tokenizer, req.stop, self.eos_ids)
+        decoder = TextDecoder(self.tokenizer, req.stop, self.eos_ids | stop_ids)
         out: list[int] = []
         text: list[str] = []
         finish = "length"
@@ -472,14 +501,14 @@ class Engine:
                         if len(valid) < len(draft):
                             _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)
                         tree = valid.trimmed(depth)
-                emitted = verifier.step(tree, sampling=sampling, rng=rng)
+                emitted = verifier.step(tree, sampling=sampling, seed=seed)
                 stats.steps += 1
                 stats.drafted += 0 if tree is None else len(tree)
                 kept: list[int] = []
                 piece: list[str] = []
                 for tok in emitted:
                     kept.append(tok)
-                    if tok in self.eos_ids:
+                    if tok in stop_ids:
                         finish = "stop"
                         break
                     piece.append(decoder.push(tok))

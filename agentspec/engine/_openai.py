@@ -31,6 +31,7 @@ __all__ = [
     "ApiError",
     "ParsedRequest",
     "completion_object",
+    "default_code",
     "error_body",
     "final_chunk",
     "first_chunk",
@@ -66,7 +67,8 @@ class ApiError(Exception):
         message: what is wrong, for the client.
         type: OpenAI error type (``invalid_request_error``, ...).
         param: the offending request field, if any.
-        code: a short machine-readable code, if any.
+        code: a short machine-readable code (a string); default: one for
+            the status (`default_code`).
     """
 
     def __init__(
@@ -83,12 +85,40 @@ class ApiError(Exception):
         self.message = message
         self.type = type_
         self.param = param
-        self.code = code
+        self.code = code if code is not None else default_code(status)
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: Any = None) -> bytes:
-    """The JSON body ``{"error": {"message", "type", "param", "code"}}``."""
-    err = {"message": message, "type": type_, "param": param, "code": code}
+#: The ``code`` of an error answer by HTTP status, when nothing more precise is known.
+_STATUS_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    411: "length_required",
+    413: "request_too_large",
+    500: "internal_error",
+}
+
+
+def default_code(status: int) -> str:
+    """The error ``code`` string of an HTTP ``status`` (``"http_<status>"`` for others)."""
+    return _STATUS_CODES.get(status, f"http_{status}")
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    """The JSON body ``{"error": {"message", "type", "param", "code"}}``.
+
+    ``code`` is a string or null, never a number (as OpenAI's API).
+    """
+    err = {
+        "message": message,
+        "type": type_,
+        "param": param,
+        "code": None if code is None else str(code),
+    }
     return json.dumps({"error": err}).encode()
 
 
@@ -113,8 +143,18 @@ class ParsedRequest:
     return_token_ids: bool
 
 
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+def _bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _refuse(param: str, why: str = "") -> ApiError:
+    """The 400 of a parameter this engine cannot honour exactly (it names the parameter)."""
+    return _bad(
+        f"'{param}' is not supported by this engine{': ' + why if why else ''} "
+        "(refused rather than ignored)",
+        param,
+        "unsupported_parameter",
+    )
 
 
 def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
@@ -126,16 +166,24 @@ def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def _opt_number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+def _opt_number(
+    body: Mapping[str, Any],
+    name: str,
+    default: float,
+    lo: float,
+    hi: float,
+    param: str | None = None,
+) -> float:
     value = body.get(name)
+    param = param or name
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"'{name}' must be a number", name)
+        raise _bad(f"'{param}' must be a number", param)
     if isinstance(value, float) and not math.isfinite(value):
-        raise _bad(f"'{name}' must be a finite number", name)
+        raise _bad(f"'{param}' must be a finite number", param)
     if not lo <= value <= hi:  # exact for ints of any size (no float conversion)
-        raise _bad(f"'{name}' must be in [{lo:g}, {hi:g}], not {short_repr(value)}", name)
+        raise _bad(f"'{param}' must be in [{lo:g}, {hi:g}], not {short_repr(value)}", param)
     return float(value)
 
 
@@ -222,6 +270,51 @@ def _request_identity(body: Mapping[str, Any]) -> str | None:
         raise _bad(f"vllm_xargs.{_XARG_REQUEST_ID}: {exc}", "vllm_xargs") from None
 
 
+#: Parameters of the OpenAI and vLLM APIs this engine cannot honour, with the
+#: values that mean "off" (accepted, since they change nothing).  Any other
+#: value is refused with a 400 naming the parameter, never ignored.
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
+    "prompt_logprobs": (None,),
+    "echo": (None, False),
+    "suffix": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "min_tokens": (None, 0),
+    "bad_words": (None, []),
+    "logits_processors": (None, []),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "return_tokens_as_token_ids": (None, False),
+}
+
+_WHY = {
+    "logprobs": "log-probabilities are not returned",
+    "top_logprobs": "log-probabilities are not returned",
+    "prompt_logprobs": "log-probabilities are not returned",
+    "use_beam_search": "no beam search",
+    "length_penalty": "no beam search",
+    "best_of": "best_of must be 1",
+    "min_tokens": "no minimum output length",
+}
+
+
+def _same(value: Any, off: Any) -> bool:
+    """``value == off`` without counting True as 1 (or 1 as True)."""
+    return type(value) is type(off) and value == off if off is not None else value is None
+
+
 def _unsupported(body: Mapping[str, Any]) -> None:
     """Refuse options this engine cannot honour (rather than ignoring them)."""
     n = body.get("n")
@@ -230,25 +323,95 @@ def _unsupported(body: Mapping[str, Any]) -> None:
             f"n={short_repr(n)} is not supported: this engine returns one choice per request "
             "(n must be 1)",
             "n",
+            "unsupported_parameter",
         )
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != 1:
-        raise _bad("best_of must be 1 on this engine", "best_of")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-        raise _bad("logprobs are not supported by this engine", "logprobs")
-    if body.get("echo"):
-        raise _bad("echo is not supported by this engine", "echo")
-    if body.get("suffix") is not None:
-        raise _bad("suffix is not supported by this engine", "suffix")
+    for name, offs in _OFF_VALUES.items():
+        value = body.get(name)
+        if not any(_same(value, off) for off in offs):
+            raise _refuse(name, _WHY.get(name, ""))
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        raise _refuse(
+            "response_format",
+            f"type {short_repr(kind)} (only {{'type': 'text'}}; no constrained decoding)",
+        )
     if body.get("tools") or body.get("functions"):
         raise _bad(
             "native tool calling is not supported by this engine: describe the tools in the "
             "prompt and parse the text (OpenHands: LLM(native_tool_calling=False))",
             "tools" if body.get("tools") else "functions",
+            "unsupported_parameter",
         )
     choice = body.get("tool_choice")
     if choice is not None and choice != "none":
-        raise _bad("tool_choice must be absent or 'none' on this engine", "tool_choice")
+        raise _bad(
+            "tool_choice must be absent or 'none' on this engine",
+            "tool_choice",
+            "unsupported_parameter",
+        )
+
+
+def _token_ids(body: Mapping[str, Any], name: str, vocab: int) -> tuple[int, ...] | None:
+    """An optional list of token ids in ``[0, vocab)``."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(t) is int for t in value):
+        raise _bad(f"'{name}' must be a list of integer token ids", name)
+    if not value and name == "allowed_token_ids":
+        raise _bad("'allowed_token_ids' must not be empty", name)
+    for t in value:
+        if not 0 <= t < vocab:
+            raise _bad(f"'{name}': token id {short_repr(t)} is outside [0, {vocab})", name)
+    return tuple(value)
+
+
+def _logit_bias(body: Mapping[str, Any], vocab: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: an object of token id (a decimal string) -> bias in [-100, 100]."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad("'logit_bias' must be an object of token id -> bias", "logit_bias")
+    out: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        digits = isinstance(key, str) and 0 < len(key) <= 12 and key.isascii() and key.isdigit()
+        tok = int(key) if digits else -1
+        if not 0 <= tok < vocab:
+            raise _bad(
+                f"'logit_bias': {short_repr(key)} is not a token id in [0, {vocab})", "logit_bias"
+            )
+        out.append((tok, _opt_number({"b": bias}, "b", 0.0, -100.0, 100.0, "logit_bias")))
+    return tuple(out)
+
+
+def _sampling_fields(body: Mapping[str, Any], vocab: int) -> dict[str, Any]:
+    """The sampling parameters beyond temperature and top_p (vLLM names and ranges)."""
+    top_k = body.get("top_k")
+    if top_k is None:
+        top_k = 0
+    if type(top_k) is not int:
+        raise _bad("'top_k' must be an integer", "top_k")
+    if top_k < -1:
+        raise _bad(f"'top_k' must be -1, 0 (off) or >= 1, not {short_repr(top_k)}", "top_k")
+    rep = _opt_number(body, "repetition_penalty", 1.0, 0.0, math.inf)
+    if rep == 0:
+        raise _bad("'repetition_penalty' must be > 0", "repetition_penalty")
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
+    return {
+        "top_k": top_k,
+        "min_p": _opt_number(body, "min_p", 0.0, 0.0, 1.0),
+        "repetition_penalty": rep,
+        "frequency_penalty": _opt_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "presence_penalty": _opt_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "logit_bias": _logit_bias(body, vocab),
+        "allowed_token_ids": _token_ids(body, "allowed_token_ids", vocab),
+        "stop_token_ids": _token_ids(body, "stop_token_ids", vocab) or (),
+        "ignore_eos": bool(ignore_eos),
+    }
 
 
 def parse_request(
@@ -328,6 +491,7 @@ def parse_request(
         temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0),
         seed=None if seed is None else seed % 2**63,
+        **_sampling_fields(body, engine.verifier.vocab_size),
         key=key,
         speculate=speculate,
         identity=identity,

@@ -43,7 +43,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,9 @@ LISTEN_BACKLOG = 1024
 #: The message of a 500 answer; what went wrong is logged, never sent.
 _INTERNAL_ERROR = "internal server error (see the server log)"
 
+#: The access log's status of a request whose client went away before the answer.
+_CLIENT_CLOSED = 499
+
 
 def default_threads() -> int:
     """The default torch thread count: ``min(4, cpu count)``."""
@@ -117,6 +120,9 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
     """OpenAI routes here; ``/v1/agentspec/...`` to the intake (the parent class)."""
 
     server: _EngineHTTPServer
+    #: The access log's status and result of the request being served.
+    _access_status: int | None = None
+    _access_done: Completion | None = None
 
     # --- routing ----------------------------------------------------------
 
@@ -243,7 +249,7 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
 
     def _error(self, err: ApiError) -> None:
         extra = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
-        data = error_body(err.message, err.type, err.param, err.code or err.status)
+        data = error_body(err.message, err.type, err.param, err.code)
         self.send_response(err.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -267,11 +273,13 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
                     done = item
         except GenerationCancelledError:
             self.close_connection = True
+            self._access_status = _CLIENT_CLOSED
             return
         finally:
             gen.close()
         if done is None:  # pragma: no cover - the engine always ends with a Completion
             raise ApiError(500, "the engine produced no result", "server_error")
+        self._access_done = done
         self._json(200, completion_object(req, rid, done))
 
     def _stream(self, req: ParsedRequest) -> None:
@@ -292,6 +300,7 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
                     if item.text or (req.return_token_ids and item.token_ids):
                         self._event(text_chunk(req, rid, created, item.text, item.token_ids))
                     continue
+                self._access_done = item
                 self._event(final_chunk(req, rid, created, item.finish_reason, item.stats))
                 if req.include_usage:
                     self._event(usage_chunk(req, rid, created, item))
@@ -301,7 +310,8 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
         except Exception:  # the answer has started: report the error in-band
             _log.exception("agentspec.engine.stream_failed", id=rid)
             with contextlib.suppress(OSError):  # details only in the log
-                err = json.loads(error_body(_INTERNAL_ERROR, "server_error"))
+                body = error_body(_INTERNAL_ERROR, "server_error", None, "internal_error")
+                err = json.loads(body)
                 self._event(err)
                 self._event("[DONE]")
         finally:
@@ -313,8 +323,15 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def handle_one_request(self) -> None:
-        """Serve one request; unexpected errors become a 500 answer when none was sent."""
+        """Serve one request; unexpected errors become a 500 answer when none was sent.
+
+        Every request answered (or cancelled by its client: status 499) gets
+        one access-log line at INFO, ``agentspec.engine.request``.
+        """
         self._body_read = False
+        self._access_status = None
+        self._access_done = None
+        start = time.monotonic()
         try:
             super().handle_one_request()
         except (ConnectionError, TimeoutError):
@@ -324,6 +341,31 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
             self.close_connection = True
             with contextlib.suppress(OSError):  # details only in the log
                 self._error(ApiError(500, _INTERNAL_ERROR, "server_error"))
+        finally:
+            self._access_log(start)
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Remember the answer's status for the access log (``send_response`` calls this)."""
+        with contextlib.suppress(TypeError, ValueError):
+            self._access_status = int(code)
+        super().log_request(code, size)
+
+    def _access_log(self, start: float) -> None:
+        """The request's access-log line: status, tokens, verification steps, milliseconds."""
+        status = self._access_status
+        if status is None:
+            return  # no request was read (an idle keep-alive connection ended)
+        done = self._access_done
+        _log.info(
+            "agentspec.engine.request",
+            method=getattr(self, "command", None) or "-",
+            path=str(getattr(self, "path", "-")).partition("?")[0][:200],
+            status=status,
+            prompt_tokens=None if done is None else len(done.prompt_ids),
+            completion_tokens=None if done is None else len(done.token_ids),
+            steps=None if done is None else done.stats.steps,
+            ms=round((time.monotonic() - start) * 1000.0, 1),
+        )
 
 
 def _named(req: ParsedRequest, rid: str) -> ParsedRequest:
@@ -597,7 +639,7 @@ def run_engine_server(
     api_key: str | None = None,
     *,
     threads: int | None = None,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     max_model_len: int | None = None,
     speculate: bool = True,
     tree_drafts: bool = False,
@@ -608,6 +650,9 @@ def run_engine_server(
     budgets: Mapping[str, Any] | None = None,
     redis_url: str | None = None,
     fleet_tenants: Sequence[str] | None = None,
+    max_spec_tokens: int | None = None,
+    max_depth: int | None = None,
+    ready: Callable[[EngineServer], object] | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -617,7 +662,8 @@ def run_engine_server(
         host, port: where to listen.
         api_key: bearer token required on every ``/v1`` route.
         threads: torch CPU threads (default `default_threads`).
-        served_model_name: the name clients use (default: ``model``).
+        served_model_name: the name clients use, or several (the first is
+            listed by ``/v1/models``; default: ``model``).
         max_model_len: longest prompt + output (default: the model's).
         speculate: draft from stage shards unless a request turns it off.
         tree_drafts: draft trees instead of chains.
@@ -633,18 +679,32 @@ def run_engine_server(
             from its shards, publish finished responses.
         fleet_tenants: the tenants to follow (default: the tenant map's
             tenants, else ``"default"``).
+        max_spec_tokens: most draft tokens per step (default: `DraftParams`'s).
+        max_depth: depth of the shard trees (default: `EngineOptions`'s).
+        ready: called with the server once its socket listens, just before
+            it serves (``agentspec serve`` prints its ready line there).
 
     Raises:
+        agentspec._cli_util.ListenError: ``host:port`` cannot be listened on
+            (checked before the model loads).
         agentspec.models.ModelError: the model cannot be fetched or loaded.
         OSError: the address cannot be bound.
     """
+    from agentspec._cli_util import check_listen
+
+    check_listen(host, port)  # before the model loads: a busy port fails at once
+
     import torch
 
+    from agentspec._draft import DraftParams
     from agentspec.models import DEFAULT_MODEL, MODEL_ALIASES, load_model
 
     torch.set_num_threads(threads or default_threads())
     loaded, tokenizer = load_model(model, dtype=dtype)
-    names: tuple[str, ...] = (served_model_name or str(model),)
+    if served_model_name is None or isinstance(served_model_name, str):
+        names: tuple[str, ...] = (served_model_name or str(model),)
+    else:
+        names = tuple(served_model_name) or (str(model),)
     if str(model).lower() in MODEL_ALIASES:
         names += tuple(sorted({DEFAULT_MODEL, *MODEL_ALIASES} - set(names)))
     options = EngineOptions(
@@ -652,6 +712,8 @@ def run_engine_server(
         default_max_tokens=default_max_tokens,
         speculate=speculate,
         tree_drafts=tree_drafts,
+        draft_params=None if max_spec_tokens is None else DraftParams(max_spec_tokens),
+        **({} if max_depth is None else {"max_depth": max_depth}),
         **dict(budgets or {}),
     )
     fleet = None
@@ -706,6 +768,8 @@ def run_engine_server(
         fleet=None if fleet is None else {"redis": fleet.url, "tenants": list(fleet.tenants)},
     )
     try:
+        if ready is not None:
+            ready(server)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

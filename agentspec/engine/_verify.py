@@ -34,13 +34,21 @@ the ``local`` extra requires transformers 5.24.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree
-from agentspec.engine._sampling import SamplingParams, accept_sampling, target_probs
+from agentspec.engine._logits import process_logits
+from agentspec.engine._sampling import (
+    SamplingParams,
+    filtered_probs,
+    position_noise,
+    race_pick,
+    walk_draft,
+)
 from agentspec.exceptions import InvalidArgumentError, InvalidTokenError
 
 __all__ = ["DraftInput", "Verifier"]
@@ -87,6 +95,7 @@ class Verifier:
         self._dtype = next(model.parameters()).dtype
         self._cache: Any = None
         self._tokens: list[int] = []  # committed tokens; the last one is pending
+        self._prompt_len = 0  # the first tokens of _tokens are the prompt
         self.forward_passes = 0
 
     # --- state -----------------------------------------------------------------
@@ -95,6 +104,11 @@ class Verifier:
     def tokens(self) -> list[int]:
         """The committed context: prompt plus every emitted token (a copy)."""
         return list(self._tokens)
+
+    @property
+    def output(self) -> list[int]:
+        """The tokens emitted since `prefill` (a copy)."""
+        return self._tokens[self._prompt_len :]
 
     @property
     def cache_len(self) -> int:
@@ -153,6 +167,7 @@ class Verifier:
         cache.crop(-1)  # the last prompt token stays pending
         self._cache = cache
         self._tokens = ids
+        self._prompt_len = len(ids)
         return out.logits[0, -1].float()
 
     def _mask(self, tree: DraftTree, base: int) -> Any:
@@ -230,17 +245,32 @@ class Verifier:
         *,
         sampling: SamplingParams | None = None,
         rng: np.random.Generator | None = None,
+        seed: int | None = None,
+        choice: int = 0,
     ) -> list[int]:
         """Verify one draft; return the emitted tokens (accepted ones, then the bonus token).
+
+        Every position is decided as plain decoding decides it: its logits
+        are processed with the context it has (prompt, output so far, and
+        the draft tokens accepted before it: `process_logits`), then the
+        argmax (greedy) or the token the position's exponential race picks
+        (`race_pick`, `walk_draft`).  A draft child is accepted when it
+        carries that token.  So the emitted tokens equal those of decoding
+        without a draft with the same noise.
 
         Args:
             draft: token ids + parents (`agentspec.Draft`, a ``(token_ids,
                 parents)`` pair with parents None for a chain, a plain list
                 for a chain, or None for no draft).
-            sampling: None or temperature 0 for greedy acceptance; otherwise
-                the speculative sampling rule (`accept_sampling`), lossless
-                with respect to sampling from the target with these settings.
-            rng: random source for sampling (default: a fresh unseeded one).
+            sampling: None for plain greedy acceptance; otherwise these
+                parameters (greedy below `SAMPLING_EPS`), lossless with
+                respect to sampling from the target with them.
+            rng: draws the noise of each position when ``seed`` is None
+                (then it depends on the steps taken).
+            seed: the noise of output position k (counted from the
+                prefill) is ``position_noise(seed, choice, k, vocab)``.
+                Default (neither): a random seed for this step.
+            choice: the choice index keyed into the noise.
 
         Raises:
             InvalidArgumentError: no prefill yet, a malformed draft, or a draft
@@ -249,24 +279,40 @@ class Verifier:
         """
         tree = as_draft_tree(draft, self.vocab_size)
         logits = self.forward_tree(tree)
-        if sampling is None or sampling.greedy:
-            path, token = self._greedy_path(tree, logits)
-        else:
-            probs = target_probs(logits.numpy(), sampling.temperature, sampling.top_p)
-            gen = rng if rng is not None else np.random.default_rng()
-            path, token = accept_sampling(probs, tree.tokens, tree.parents, gen)
+        if sampling is None or (sampling.greedy and not sampling.modifies_logits):
+            best = logits.argmax(dim=-1).tolist()
+            path, token = walk_draft(tree.tokens, tree.parents, lambda row, _d, _a: best[row])
+            return self.commit(tree, path, token)
+        rows = logits.numpy()
+        prompt = self._tokens[: self._prompt_len]
+        output = self.output
+        params = sampling
+
+        def processed(row: int, accepted: list[int]) -> np.ndarray:
+            return process_logits(rows[row : row + 1], params, prompt, output, [accepted])
+
+        if params.greedy:
+            path, token = walk_draft(
+                tree.tokens,
+                tree.parents,
+                lambda row, _d, acc: int(processed(row, acc)[0].argmax()),
+            )
+            return self.commit(tree, path, token)
+        noise = self._noise(len(output), rng, seed, choice)
+
+        def sample(row: int, depth: int, accepted: list[int]) -> int:
+            return race_pick(filtered_probs(processed(row, accepted), params)[0], noise(depth))
+
+        path, token = walk_draft(tree.tokens, tree.parents, sample)
         return self.commit(tree, path, token)
 
-    @staticmethod
-    def _greedy_path(tree: DraftTree, logits: Any) -> tuple[list[int], int]:
-        """Greedy acceptance: follow the argmax child from the root; return (path, bonus)."""
-        best = logits.argmax(dim=-1).tolist()
-        path: list[int] = []
-        node = -1
-        while True:
-            want = best[node + 1]
-            nxt = next((k for k in tree.children[node + 1] if tree.tokens[k] == want), None)
-            if nxt is None:
-                return path, int(want)
-            path.append(nxt)
-            node = nxt
+    def _noise(
+        self, position: int, rng: np.random.Generator | None, seed: int | None, choice: int
+    ) -> Callable[[int], np.ndarray]:
+        """``depth -> exponentials`` of the output position ``position + depth``."""
+        vocab = self.vocab_size
+        if seed is None and rng is not None:
+            gen = rng
+            return lambda _depth: gen.standard_exponential(vocab)
+        key = secrets.randbits(63) if seed is None else seed
+        return lambda depth: position_noise(key, choice, position + depth, vocab)
