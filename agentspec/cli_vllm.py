@@ -301,6 +301,13 @@ def _launch_arguments(parser: argparse.ArgumentParser) -> None:
         "serve's embedded engine: 32)",
     )
     parser.add_argument(
+        "--no-goodput",
+        dest="goodput",
+        action="store_false",
+        help="draft every step as the draft rule gives it, instead of cutting drafts to "
+        "what pays from calibrated acceptance and the measured step time",
+    )
+    parser.add_argument(
         "--max-depth",
         type=int,
         default=None,
@@ -347,6 +354,8 @@ def _agentspec_config(args: argparse.Namespace) -> dict[str, Any]:
     config.update(_budget_settings(args))
     if args.max_depth is not None:
         config["max_depth"] = args.max_depth
+    if not getattr(args, "goodput", True):
+        config["goodput"] = False
     if args.shm_dir is not None:
         config["shm_dir"] = args.shm_dir
     if "api_key" in config:
@@ -548,6 +557,9 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument("--fleet-tenants", default=argparse.SUPPRESS)
     parser.add_argument("--num-speculative-tokens", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-depth", type=int, default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-goodput", dest="goodput", action="store_false", default=argparse.SUPPRESS
+    )
     parser.add_argument("--shm-dir", default=argparse.SUPPRESS)
     parser.add_argument("--set", dest="settings", action="append", type=_parse_setting)
     parser.add_argument(
@@ -804,6 +816,7 @@ def _run_embedded(args: argparse.Namespace) -> int:
             fleet_tenants=fleet_tenants,
             max_spec_tokens=spec_tokens,
             max_depth=args.max_depth,
+            goodput=getattr(args, "goodput", True),
             ready=_print_ready,
             **vllm_flags,
         )
@@ -834,7 +847,8 @@ def _print_ready(server: Any) -> None:
     params = engine.draft_params
     spec = (
         f"speculation on: {'tree' if params.tree else 'chain'} drafts of up to "
-        f"{params.max_spec_tokens} tokens, depth {engine.options.max_depth}"
+        f"{params.max_spec_tokens} tokens, depth {engine.options.max_depth}, "
+        f"goodput control {'on' if engine.options.goodput else 'off'}"
         if engine.options.speculate
         else "speculation off"
     )

@@ -460,3 +460,40 @@ def test_disconnect_stops_generation_and_queue_is_served(server, client) -> None
     assert results == [2, 2]
     # A cancelled request is never learned: had it run to the end, its stage would exist.
     assert ("default", None, "abandoned") not in server.engine.learned_shards()
+
+
+def test_goodput_control_learns_the_step_cost_and_never_changes_outputs(server, client):
+    """The engine feeds its controller every verification step; a controller that finds
+    tokens dear drafts less, and greedy outputs still equal speculation off."""
+    from agentspec._calibration import AcceptanceCalibrator
+    from agentspec._goodput import StepCostModel
+
+    ctl = server.engine.goodput
+    assert ctl.enabled
+    before = ctl.cost.samples
+    _chat(client, COUNT, "goodput")
+    assert ctl.cost.samples > before  # one observation per verification step
+    saved = ctl.cost
+    dear = StepCostModel(min_samples=3)
+    for b_tokens in (1, 2, 4, 8, 16, 32):
+        dear.observe(1, b_tokens, 0.001 + 10.0 * b_tokens)  # a verified token costs 10 s
+    dear.observe = lambda *_: None  # type: ignore[method-assign]  # held fixed for the test
+
+    class Doubtful(AcceptanceCalibrator):
+        def correct(self, group, p):  # every draft token: one chance in five
+            return 0.2 * p
+
+    saved_cal = ctl.calibrator
+    try:
+        ctl.cost = dear
+        ctl.calibrator = Doubtful()
+        offered, kept = ctl.offered, ctl.kept
+        for _ in range(2):
+            on = _chat(client, COUNT, "goodput")
+        off = _chat(client, COUNT, "goodput", speculate=False)
+        assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
+        assert ctl.offered > offered
+        assert ctl.kept - kept < ctl.offered - offered  # doubtful tokens were cut
+    finally:
+        ctl.cost = saved
+        ctl.calibrator = saved_cal

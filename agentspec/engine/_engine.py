@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from agentspec._budget import (
     parse_byte_size,
 )
 from agentspec._draft import Draft, DraftParams
+from agentspec._goodput import GoodputController
 from agentspec._log import get_logger
 from agentspec._speculator import Speculator
 from agentspec._tree import SuffixTree
@@ -75,6 +77,9 @@ class EngineOptions:
         default_max_tokens: output limit of a request that sets none.
         speculate: draft by default (a request can turn it off).
         tree_drafts: draft trees instead of chains.
+        goodput: cut drafts to what pays (`agentspec.GoodputController`:
+            calibrated acceptance against the verifier's measured step
+            time); False: every draft as the draft params give it.
         draft_params: drafting parameters (`DraftParams()`; ``tree`` is
             overridden by ``tree_drafts``).
         max_depth: depth of the shard trees (pushed shards must match).
@@ -98,6 +103,7 @@ class EngineOptions:
     default_max_tokens: int = 1024
     speculate: bool = True
     tree_drafts: bool = False
+    goodput: bool = True
     draft_params: DraftParams | None = None
     max_depth: int = 64
     max_shard_tokens: int | None = None
@@ -337,6 +343,8 @@ class Engine:
         self._on_learned = on_learned
         self._lock = _FifoLock()
         self._speculators: dict[str, Speculator] = {}  # per tenant; used under _lock
+        # One controller for every tenant: the step cost is the verifier's.
+        self.goodput = GoodputController(enabled=self.options.goodput)
         self._ids = itertools.count(1)
         self._max_prompt_bytes: int | None = None
 
@@ -350,6 +358,7 @@ class Engine:
                 max_shard_tokens=self.options.max_shard_tokens,
                 max_bytes=self.options.max_tenant_learned_bytes,
                 budget=self.learned_budget,
+                goodput=self.goodput,
             )
         return spec
 
@@ -501,7 +510,11 @@ class Engine:
                         if len(valid) < len(draft):
                             _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)
                         tree = valid.trimmed(depth)
+                t0 = time.perf_counter()
                 emitted = verifier.step(tree, sampling=sampling, seed=seed)
+                spec.observe_step(
+                    1, 1 + (0 if tree is None else len(tree)), time.perf_counter() - t0
+                )
                 stats.steps += 1
                 stats.drafted += 0 if tree is None else len(tree)
                 kept: list[int] = []

@@ -652,6 +652,7 @@ def run_engine_server(
     fleet_tenants: Sequence[str] | None = None,
     max_spec_tokens: int | None = None,
     max_depth: int | None = None,
+    goodput: bool = True,
     ready: Callable[[EngineServer], object] | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
@@ -667,6 +668,8 @@ def run_engine_server(
         max_model_len: longest prompt + output (default: the model's).
         speculate: draft from stage shards unless a request turns it off.
         tree_drafts: draft trees instead of chains.
+        goodput: cut drafts to what pays (see `EngineOptions`); False: the
+            fixed draft rule.
         default_max_tokens: output limit of requests that set none.
         dtype: torch dtype of the weights.
         tenant_keys: API key -> tenant map (tenants from the keys only).
@@ -712,6 +715,7 @@ def run_engine_server(
         default_max_tokens=default_max_tokens,
         speculate=speculate,
         tree_drafts=tree_drafts,
+        goodput=goodput,
         draft_params=None if max_spec_tokens is None else DraftParams(max_spec_tokens),
         **({} if max_depth is None else {"max_depth": max_depth}),
         **dict(budgets or {}),
