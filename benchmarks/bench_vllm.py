@@ -16,6 +16,9 @@ measured:
   requests go through the plain OpenAI client, as for every other method,
   with the stage in ``vllm_xargs``: the client's own learning and pushes
   would take CPU from the server when both share one small machine;
+* ``agentspec-fixed``: as ``agentspec`` with the goodput controller off
+  (``AGENTSPEC_VLLM_GOODPUT=false``): every draft as the draft rule gives
+  it, the fixed-k baseline of the controller;
 * ``agentspec-pushed``: a fresh agentspec server that saw no warm-up
   traffic, given only the shards the client store collected during the
   ``agentspec`` warm-up (what a restarted or new replica gets); measured
@@ -96,7 +99,15 @@ DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "data" / "traces" / "spider-sql.de
 DEFAULT_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 DEFAULT_CUDA_PYTHON = REPO_ROOT / ".venv-vllm-cuda" / "bin" / "python"
 MODEL_NAME = "smollm2-135m"
-ALL_METHODS = ("none", "ngram55", "ngram35", "suffix", "agentspec", "agentspec-pushed")
+ALL_METHODS = (
+    "none",
+    "ngram55",
+    "ngram35",
+    "suffix",
+    "agentspec",
+    "agentspec-fixed",
+    "agentspec-pushed",
+)
 DEVICES = ("cpu", "cuda")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
 
@@ -279,6 +290,8 @@ def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
         spec = {"method": "suffix", "num_speculative_tokens": k}
         return ["--speculative-config", json.dumps(spec)], {}
     launch = vllm_launch(num_speculative_tokens=k)
+    if method == "agentspec-fixed":
+        return launch.args, {**launch.env, "AGENTSPEC_VLLM_GOODPUT": "false"}
     return launch.args, launch.env
 
 

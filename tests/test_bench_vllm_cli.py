@@ -136,6 +136,13 @@ def test_speculation_flags_per_method(device: str) -> None:
     assert env["AGENTSPEC_VLLM_LIVE_LEARNING"] == "off"
     # the live-learning setting goes to agentspec servers only
     assert "AGENTSPEC_VLLM_LIVE_LEARNING" not in bench.server_command(cfg, "none", 8, PORT, live)[1]
+    # agentspec-fixed: the same proposer with the goodput controller off
+    fixed_argv, fixed_env = bench.server_command(cfg, "agentspec-fixed", 8, PORT)
+    assert _spec_flags(fixed_argv) == _spec_flags(
+        bench.server_command(cfg, "agentspec", 8, PORT)[0]
+    )
+    assert fixed_env["AGENTSPEC_VLLM_GOODPUT"] == "false"
+    assert "AGENTSPEC_VLLM_GOODPUT" not in env
 
 
 @pytest.mark.parametrize("method", ["none", "ngram55", "ngram35", "suffix", "agentspec"])
