@@ -3,12 +3,13 @@
 An in-process `EngineServer` on SmolLM2-135M serves repeated requests of four
 agent-pipeline stages (extract JSON, text-to-SQL, classify, tool call), each
 stage a fixed system prompt with a few user inputs, sent ``--rounds`` times
-(a pipeline run again and again).  The same workload runs twice on fresh
-servers (fresh learned shards): once with ``agentspec_speculate: false``,
-once with speculation on (chain drafts, or trees with ``--tree``).  Greedy
-outputs are checked to be identical; printed per mode and per round:
-completion tokens, wall time, tokens/s, verification steps and tokens per
-step, and the on/off ratios.
+(a pipeline run again and again).  The same workload runs three times on
+fresh servers (fresh learned shards): with ``agentspec_speculate: false``,
+with speculation on and the goodput controller off (``fixed``: every draft
+as the draft rule gives it), and with speculation on and the controller on
+(chain drafts, or trees with ``--tree``).  Greedy outputs are checked to be
+identical; printed per mode and per round: completion tokens, wall time,
+tokens/s, verification steps and tokens per step, and the ratios to off.
 
     python benchmarks/bench_engine.py [--threads 1] [--rounds 3] [--max-tokens 64] [--tree]
 
@@ -66,9 +67,9 @@ STAGES: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def run_workload(model, tok, args, speculate):
+def run_workload(model, tok, args, speculate, goodput=True):
     """Serve the workload on a fresh server; returns per-round totals and the outputs."""
-    opts = EngineOptions(tree_drafts=args.tree, default_max_tokens=args.max_tokens)
+    opts = EngineOptions(tree_drafts=args.tree, default_max_tokens=args.max_tokens, goodput=goodput)
     rounds = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "steps": 0, "accepted": 0})
     outputs = {}
     with (
@@ -147,19 +148,21 @@ def main():
         f"{'tree' if args.tree else 'chain'} drafts"
     )
     off_rounds, off_out = run_workload(model, tok, args, speculate=False)
+    fixed_rounds, fixed_out = run_workload(model, tok, args, speculate=True, goodput=False)
     on_rounds, on_out = run_workload(model, tok, args, speculate=True)
-    same = off_out == on_out
-    print(f"greedy outputs identical with speculation on and off: {same}")
+    same = off_out == on_out == fixed_out
+    print(f"greedy outputs identical with speculation off, fixed and controlled: {same}")
     print(f"{'':<16} {'tokens':>7} {'seconds':>9} {'tok/s':>9} {'steps':>7} {'tok/step':>10}")
     off_line, off_tps, off_ps = line("spec off", summary(off_rounds))
     print(off_line)
-    on_line, on_tps, on_ps = line("spec on", summary(on_rounds))
-    print(on_line)
-    for r in sorted(on_rounds):
-        text, tps, _ = line(f"  on, round {r + 1}", on_rounds[r])
-        ref = off_rounds[r]["tokens"] / off_rounds[r]["seconds"]
-        print(f"{text}   speedup x{tps / ref:.2f}")
-    print(f"ratio on/off: tokens/s x{on_tps / off_tps:.2f}, tokens/step x{on_ps / off_ps:.2f}")
+    for name, rounds in (("fixed", fixed_rounds), ("goodput", on_rounds)):
+        text, tps, ps = line(name, summary(rounds))
+        print(text)
+        for r in sorted(rounds):
+            text, r_tps, _ = line(f"  {name}, round {r + 1}", rounds[r])
+            ref = off_rounds[r]["tokens"] / off_rounds[r]["seconds"]
+            print(f"{text}   speedup x{r_tps / ref:.2f}")
+        print(f"ratio {name}/off: tokens/s x{tps / off_tps:.2f}, tokens/step x{ps / off_ps:.2f}")
     if not same:
         raise SystemExit("outputs differ: speculation was not lossless")
 
