@@ -1,0 +1,1054 @@
+#!/usr/bin/env python
+"""The fleet for real: redis-server, embedded-engine replicas, sync lag, memory.
+
+Everything runs on this machine: a ``redis-server`` (own temporary directory,
+loopback port, ``appendonly yes``, ``appendfsync everysec``) and real
+processes.  Phases (``--phases a,b,c,d``, all by default):
+
+a. **Tokens per step.**  ``--replicas`` (3) ``agentspec serve MODEL --engine
+   embedded`` processes, once isolated (no ``--redis``: each drafts from what
+   it served) and once as a fleet (``--redis URL --fleet-tenants T``).
+   ``--agents`` (3) clients run the text-to-SQL pipeline at once
+   (``examples/text_to_sql``, Spider questions, ``temperature=0``; agent w
+   runs questions w, w + 3, ...) through `AgentSpecClient`; a round-robin
+   router in this process sends each call to the next replica, adding a fresh
+   ``vllm_xargs.agentspec_request_id`` (the identity a replica publishes the
+   response under) and reading the response's ``usage`` and ``agentspec``
+   (steps, drafted, accepted) fields.  Printed: completion tokens / steps per
+   mode and the ratio fleet / isolated, and whether the two runs produced the
+   same tokens (speculation is lossless, so they must).
+b. **Kill and restart.**  In the fleet run, after ``--kill-after`` questions,
+   one replica is SIGKILLed and restarted (same port, empty: nothing of its own
+   survives); at the same time an isolated control replica starts.  The
+   restarted replica's first request, sent as soon as its ``/health`` answers,
+   replays the longest call another replica answered before; the control gets
+   the same request.  PASS: the restarted replica accepted draft tokens, more
+   than the control (which drafts from the prompt only), and all three outputs
+   are the same tokens.  Then the run goes on with the restarted replica.
+c. **Sync lag.**  A `FleetPublisher` in this process publishes sequences at
+   ``--rate`` (1,000) per second for ``--seconds`` (3); they are the Spider
+   trace's responses (Qwen3 tokens, each after its prompt's last 8 tokens, as
+   a replica publishes them) under their stage keys.  ``--subscribers`` (3)
+   separate processes run a `FleetSubscriber` each (as a replica does) and
+   note the wall-clock time at which their position passed each entry (the
+   entry is then applied and visible to drafts).  Per sequence, the lag is the
+   latest of those times minus the time ``publish`` was called (one clock, one
+   machine).  Printed: the rate achieved, p50/p99/max of that lag, whether
+   every subscriber applied every sequence, and whether p99 <= 50 ms.
+d. **Memory.**  After that load (or, without c, the same number of sequences
+   published as fast as possible): Redis bytes of the tenant's keys (``MEMORY
+   USAGE``, stream and snapshots apart, plus the ``used_memory`` delta) per
+   cached token, beside a subscriber's own tree bytes per token (one tree, and
+   the two a subscriber keeps for lock-free reads) and the replicas' learned
+   shard bytes per token (from phase a's fleet run).
+
+Usage::
+
+    python benchmarks/bench_fleet.py [--phases a,b,c,d] [--questions 6] [--rate 1000]
+        [--seconds 3] [--replicas 3] [--subscribers 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # a source checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO))
+
+from agentspec._procs import free_port, log_tail, spawn, wait_healthy  # noqa: E402
+
+DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
+LEAD_TOKENS = 8  # prompt tokens before each published output, as the replicas publish
+PHASES = ("a", "b", "c", "d")
+TARGET_P99_MS = 50.0
+
+
+def log(msg: str) -> None:
+    print(f"[bench_fleet {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (``p`` in 0..100) of a non-empty sequence."""
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def parse_sid(text: str) -> tuple[int, int]:
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq)
+
+
+# --- replicas and the round-robin router --------------------------------------------------------
+
+
+class Replica:
+    """One ``agentspec serve MODEL --engine embedded`` process on a fixed port."""
+
+    def __init__(
+        self, args: argparse.Namespace, workdir: Path, name: str, redis_url: str | None, tenant: str
+    ) -> None:
+        self.args = args
+        self.name = name
+        self.redis_url = redis_url
+        self.tenant = tenant
+        self.port = free_port()
+        self.log_path = workdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "agentspec", "serve", self.args.model]
+        argv += ["--engine", "embedded", "--port", str(self.port)]
+        if self.args.threads:
+            argv += ["--threads", str(self.args.threads)]
+        if self.redis_url:
+            argv += ["--redis", self.redis_url, "--fleet-tenants", self.tenant]
+        env = dict(os.environ)
+        env.pop("AGENTSPEC_REDIS_URL", None)  # isolated means isolated
+        self.starts += 1
+        log_path = self.log_path.with_suffix(f".{self.starts}.log")
+        self.proc = spawn(argv, log_path, env=env, cwd=REPO)
+        self.current_log = log_path
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        assert self.proc is not None
+        wait_healthy(self.proc, self.url + "/health", timeout, self.current_log)
+
+    def kill(self) -> None:
+        """SIGKILL the replica's process group (a crash) and reap it."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(60)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def shard_stats(self) -> dict[str, Any]:
+        """``GET /v1/agentspec/shards`` (learned shards, fleet counters)."""
+        with urllib.request.urlopen(self.url + "/v1/agentspec/shards", timeout=30) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+
+
+def post_json(base_url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    host, _, port = base_url.removeprefix("http://").partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=900)
+    try:
+        conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        obj = {"error": data[:300].decode(errors="replace")}
+    return resp.status, obj if isinstance(obj, dict) else {"answer": obj}
+
+
+def call_stats(obj: dict[str, Any]) -> dict[str, Any]:
+    """Completion tokens, steps, drafted, accepted and token ids of an answer."""
+    ext = obj.get("agentspec") or {}
+    choices = obj.get("choices") or [{}]
+    return {
+        "completion_tokens": int((obj.get("usage") or {}).get("completion_tokens") or 0),
+        "steps": int(ext.get("steps") or 0),
+        "drafted": int(ext.get("drafted") or 0),
+        "accepted": int(ext.get("accepted") or 0),
+        "token_ids": choices[0].get("token_ids"),
+    }
+
+
+class Router:
+    """An HTTP round-robin load balancer in front of the replicas, recording every call."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.records: list[dict[str, Any]] = []
+        self.sessions: dict[str, int] = {}  # session tag -> question index
+        self._next = 0
+        self._lock = threading.Lock()
+        router = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self._forward(b"")
+
+            def do_POST(self) -> None:
+                self._forward(self.rfile.read(int(self.headers.get("content-length") or 0)))
+
+            def _forward(self, body: bytes) -> None:
+                status, ctype, data = router.forward(self.command, self.path, self.headers, body)
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def forward(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, str, bytes]:
+        request: dict[str, Any] | None = None
+        if method == "POST" and path.endswith("/chat/completions"):
+            request = json.loads(body)
+            xargs = request.setdefault("vllm_xargs", {})
+            xargs.setdefault("agentspec_request_id", uuid.uuid4().hex)
+            body = json.dumps(request).encode()
+        with self._lock:
+            index = self._next % len(self.replicas)
+            self._next += 1
+        replica = self.replicas[index]
+        keep = {"content-type", "authorization"}
+        fwd = {k: v for k, v in headers.items() if k.lower() in keep or k.lower().startswith("x-")}
+        conn = http.client.HTTPConnection("127.0.0.1", replica.port, timeout=900)
+        try:
+            conn.request(method, path, body if method == "POST" else None, fwd)
+            resp = conn.getresponse()
+            data = resp.read()
+            status, ctype = resp.status, resp.getheader("content-type") or "application/json"
+        finally:
+            conn.close()
+        if request is not None:
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = {}
+            xargs = request["vllm_xargs"]
+            session = xargs.get("agentspec_session") or headers.get("x-agentspec-session")
+            rec = {
+                "question": self.sessions.get(str(session), -1),
+                "stage": xargs.get("agentspec_stage") or headers.get("x-agentspec-stage"),
+                "replica": index,
+                "status": status,
+                "request": request,
+                **call_stats(answer if isinstance(answer, dict) else {}),
+            }
+            with self._lock:
+                self.records.append(rec)
+        return status, ctype, data
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def summarize_calls(records: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in records if r["status"] == 200]
+    tokens = sum(r["completion_tokens"] for r in ok)
+    steps = sum(r["steps"] for r in ok)
+    stages: dict[str, dict[str, Any]] = {}
+    by_stage: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        by_stage[str(r["stage"])].append(r)
+    for stage, recs in sorted(by_stage.items()):
+        t, s = sum(r["completion_tokens"] for r in recs), sum(r["steps"] for r in recs)
+        stages[stage] = {
+            "calls": len(recs),
+            "tokens": t,
+            "steps": s,
+            "tokens_per_step": ratio(t, s),
+        }
+    return {
+        "calls": len(records),
+        "failed": len(records) - len(ok),
+        "completion_tokens": tokens,
+        "steps": steps,
+        "drafted": sum(r["drafted"] for r in ok),
+        "accepted": sum(r["accepted"] for r in ok),
+        "tokens_per_step": ratio(tokens, steps),
+        "accepted_per_step": ratio(sum(r["accepted"] for r in ok), steps),
+        "calls_per_replica": dict(sorted(Counter(r["replica"] for r in records).items())),
+        "stages": stages,
+    }
+
+
+def _call_keys(records: list[dict[str, Any]]) -> dict[tuple[int, str, int], Any]:
+    seen: Counter[tuple[int, str]] = Counter()
+    out: dict[tuple[int, str, int], Any] = {}
+    for r in records:
+        k = (r["question"], str(r["stage"]))
+        out[(k[0], k[1], seen[k])] = r["token_ids"]
+        seen[k] += 1
+    return out
+
+
+def run_pipeline(
+    args: argparse.Namespace,
+    mode: str,
+    workdir: Path,
+    questions: list[Any],
+    redis_url: str | None,
+    kill: bool,
+) -> dict[str, Any]:
+    """One run of the pipeline over fresh replicas (``mode``: isolated or fleet)."""
+    from agentspec import AgentSpecClient
+    from agentspec._store import ShardStore
+    from examples.text_to_sql import PipelineConfig, Text2SQLPipeline
+
+    tenant = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
+    url = redis_url if mode == "fleet" else None
+    replicas = [Replica(args, workdir, f"{mode}-{i}", url, tenant) for i in range(args.replicas)]
+    out: dict[str, Any] = {"tenant": tenant, "replicas": args.replicas}
+    with contextlib.ExitStack() as stack:
+        for r in replicas:
+            stack.callback(r.stop)
+            r.start()
+        t0 = time.perf_counter()
+        for r in replicas:
+            r.wait_ready()
+        log(f"{mode}: {len(replicas)} replicas ready in {time.perf_counter() - t0:.1f} s")
+        router = Router(replicas)
+        stack.callback(router.close)
+        client = stack.enter_context(
+            AgentSpecClient(
+                base_url=router.base_url,
+                api_key="EMPTY",
+                store=ShardStore(None, redis=False),
+                tenant=tenant,
+                return_token_ids=True,
+                max_retries=0,
+                timeout=900,
+            )
+        )
+        config = PipelineConfig(model=args.model, n_sql=args.n_sql)
+        # One pipeline per agent; agent w runs questions w, w + C, ... in order, so its
+        # few-shot history (and so every prompt) is the same in both modes.
+        agents = [stack.enter_context(Text2SQLPipeline(client, config)) for _ in range(args.agents)]
+        router.sessions = {q.session: i for i, q in enumerate(questions)}
+        cut = args.kill_after if kill else len(questions)
+        t0 = time.perf_counter()
+        for lo, hi in ((0, cut), (cut, len(questions))):
+            run_round(agents, questions, lo, hi, mode)
+            if kill and hi == cut:
+                out["kill_restart"] = kill_restart(args, workdir, replicas, router.records, tenant)
+        out["wall_s"] = time.perf_counter() - t0
+        out["records"] = router.records
+        out["summary"] = summarize_calls(router.records)
+        out["replica_stats"] = [r.shard_stats() for r in replicas]
+    return out
+
+
+def run_round(agents: list[Any], questions: list[Any], lo: int, hi: int, mode: str) -> None:
+    """Questions ``lo..hi-1``, agent ``i % len(agents)`` running question ``i``, agents at once."""
+    errors: list[BaseException] = []
+
+    def agent(w: int) -> None:
+        try:
+            for i in range(lo, hi):
+                if i % len(agents) == w:
+                    tq = time.perf_counter()
+                    agents[w].run(questions[i])
+                    took = time.perf_counter() - tq
+                    log(f"{mode}: question {i + 1}/{len(questions)} in {took:.1f} s")
+        except BaseException as exc:  # reported below, on the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(w,)) for w in range(len(agents))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def kill_restart(
+    args: argparse.Namespace,
+    workdir: Path,
+    replicas: list[Replica],
+    records: list[dict[str, Any]],
+    tenant: str,
+) -> dict[str, Any]:
+    """Phase b: SIGKILL one fleet replica, restart it, replay a call another replica answered."""
+    victim_index = args.kill_replica % len(replicas)
+    victim = replicas[victim_index]
+    learned = [
+        r for r in records if r["status"] == 200 and r["replica"] != victim_index and r["token_ids"]
+    ]
+    if not learned:
+        raise RuntimeError("phase b: no call answered by another replica to replay")
+    probe = max(learned, key=lambda r: r["completion_tokens"])
+    body = json.loads(json.dumps(probe["request"]))
+    body["vllm_xargs"]["agentspec_request_id"] = uuid.uuid4().hex
+    control = Replica(args, workdir, "control", None, tenant)
+    t0 = time.perf_counter()
+    victim.kill()
+    log(f"phase b: replica {victim_index} SIGKILLed; restarting it and an isolated control")
+    victim.start()
+    control.start()
+    try:
+        victim.wait_ready()
+        ready_s = time.perf_counter() - t0
+        status, answer = post_json(victim.url, "/v1/chat/completions", body)
+        restarted = {"status": status, **call_stats(answer)}
+        after = victim.shard_stats()
+        control.wait_ready()
+        status, answer = post_json(control.url, "/v1/chat/completions", body)
+        ctrl = {"status": status, **call_stats(answer)}
+    finally:
+        control.stop()
+    sub = (after.get("fleet") or {}).get("subscribers", {}).get(tenant, {})
+    same = restarted["token_ids"] == ctrl["token_ids"] == probe["token_ids"]
+    for d in (restarted, ctrl):
+        d["tokens_per_step"] = ratio(d["completion_tokens"], d["steps"])
+        d["token_ids"] = None
+    passed = bool(
+        restarted["status"] == 200
+        and restarted["accepted"] > 0
+        and restarted["accepted"] > ctrl["accepted"]
+        and same
+    )
+    return {
+        "killed_replica": victim_index,
+        "after_question": args.kill_after,
+        "restart_to_ready_s": ready_s,
+        "probe": {
+            "question": probe["question"],
+            "stage": probe["stage"],
+            "answered_by_replica": probe["replica"],
+            "completion_tokens": probe["completion_tokens"],
+        },
+        "restarted_first_request": restarted,
+        "control_empty_isolated": ctrl,
+        "restarted_fleet_after_first_request": {
+            "sequences": sub.get("sequences"),
+            "tokens": sub.get("tokens"),
+            "loads": sub.get("loads"),
+        },
+        "same_tokens": same,
+        "pass": passed,
+    }
+
+
+def phase_ab(
+    args: argparse.Namespace, phases: set[str], redis_url: str, workdir: Path
+) -> dict[str, Any]:
+    from examples.text_to_sql import load_questions
+
+    questions = load_questions(args.data, limit=args.questions)
+    out: dict[str, Any] = {"questions": len(questions), "n_sql": args.n_sql, "model": args.model}
+    modes = ["isolated", "fleet"] if "a" in phases else ["fleet"]
+    for mode in modes:
+        out[mode] = run_pipeline(
+            args, mode, workdir, questions, redis_url, kill=mode == "fleet" and "b" in phases
+        )
+    if "isolated" in out:
+        iso, fl = out["isolated"]["summary"], out["fleet"]["summary"]
+        out["ratio_tokens_per_step"] = ratio(fl["tokens_per_step"], iso["tokens_per_step"])
+        a = _call_keys(out["isolated"]["records"])
+        b = _call_keys(out["fleet"]["records"])
+        out["same_calls"] = len(a.keys() & b.keys())
+        out["identical_outputs"] = sum(1 for k in a.keys() & b.keys() if a[k] == b[k])
+    out["replica_memory"] = replica_memory(out["fleet"])
+    for mode in modes:
+        for rec in out[mode]["records"]:
+            del rec["request"]
+            rec["token_ids"] = None if rec["token_ids"] is None else len(rec["token_ids"])
+    return out
+
+
+def replica_memory(run: dict[str, Any]) -> dict[str, Any]:
+    """Learned-shard bytes and tokens of each fleet replica (its own, not the fleet's)."""
+    per: list[dict[str, Any]] = []
+    for stats in run["replica_stats"]:
+        tenant = (stats.get("learned") or {}).get("tenants", {}).get(run["tenant"], {})
+        fleet = (stats.get("fleet") or {}).get("subscribers", {}).get(run["tenant"], {})
+        per.append(
+            {
+                "learned_bytes": tenant.get("bytes"),
+                "learned_tokens": tenant.get("tokens"),
+                "fleet_sequences": fleet.get("sequences"),
+                "fleet_tokens": fleet.get("tokens"),
+            }
+        )
+    b = sum(p["learned_bytes"] or 0 for p in per)
+    t = sum(p["learned_tokens"] or 0 for p in per)
+    return {"replicas": per, "learned_bytes_per_token": ratio(b, t)}
+
+
+# --- phases c and d: publisher, subscriber processes --------------------------------------------
+
+
+def subscriber_child(url: str, tenant: str) -> int:
+    """A subscriber process: notes when its position passes each entry; reports on END."""
+    from agentspec._fleet_sub import FleetSubscriber
+
+    def rss() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    sub = FleetSubscriber(url, tenant)
+    ready = sub.wait_until(lambda: sub.stats().connected and sub.stats().loads >= 1, 60)
+    rss_ready = rss()
+    times: list[float] = []
+    positions: list[str] = []
+    last = ["0-0"]
+    stop = threading.Event()
+
+    def seen() -> bool:
+        # Evaluated under the subscriber's lock at each of its notifications: the
+        # position moves right after a batch is applied and its trees are swapped.
+        pos = sub.stats().position
+        if pos != last[0]:
+            times.append(time.time())
+            positions.append(pos)
+            last[0] = pos
+        return stop.is_set()
+
+    def watch() -> None:
+        while not stop.is_set():
+            sub.wait_until(seen, 0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    print(json.dumps({"ready": ready}), flush=True)
+    command = json.loads(sys.stdin.readline() or "{}")
+    reached = bool(command) and sub.wait_for(command["last_id"], command["timeout"])
+    stop.set()
+    watcher.join(5)
+    st = sub.stats()
+    shards = []
+    for key, shard in st.shards.items():
+        tree = sub.tree(key)
+        tstats = tree.stats() if tree is not None else None
+        shards.append(
+            {
+                "key": list(key),
+                "sequences": shard.sequences,
+                "tokens": shard.tokens,
+                "tree_bytes": None if tstats is None else tstats.bytes,
+                "tree_tokens": None if tstats is None else tstats.tokens,
+                "nodes": None if tstats is None else tstats.nodes,
+            }
+        )
+    report = {
+        "reached": reached,
+        "times": times,
+        "positions": positions,
+        "position": st.position,
+        "applied": st.applied,
+        "duplicates": st.duplicates,
+        "malformed": st.malformed,
+        "loads": st.loads,
+        "compactions": st.compactions,
+        "reconnects": st.reconnects,
+        "last_error": st.last_error,
+        "shards": shards,
+        "rss_ready": rss_ready,
+        "rss_end": rss(),
+    }
+    sub.close()
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+def trace_sequences(args: argparse.Namespace, tenant: str) -> list[tuple[Any, list[int]]]:
+    """(key, lead + response tokens) of every Spider trace response, in file order."""
+    from benchmarks._traces import load_tokenizer, load_traces
+
+    ts = load_traces(args.data, load_tokenizer(args.tokenizer))
+    out: list[tuple[Any, list[int]]] = []
+    for req in ts.requests():
+        lead = req.prompt[-LEAD_TOKENS:].tolist()
+        out.append(((tenant, "spider", req.stage), [*lead, *req.response.tolist()]))
+    return out
+
+
+@contextlib.contextmanager
+def subscriber_procs(url: str, tenant: str, n: int, workdir: Path) -> Iterator[list[Any]]:
+    procs: list[subprocess.Popen[str]] = []
+    logs: list[TextIO] = []
+    try:
+        for i in range(n):
+            err = open(workdir / f"subscriber-{i}.log", "w")  # noqa: SIM115 (closed below)
+            logs.append(err)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--subscriber-child", url, tenant],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                    cwd=REPO,
+                )
+            )
+        for i, p in enumerate(procs):
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if not line or not json.loads(line).get("ready"):
+                raise RuntimeError(
+                    f"subscriber {i} did not start:\n{log_tail(workdir / f'subscriber-{i}.log')}"
+                )
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+        for f in logs:
+            f.close()
+
+
+def run_load(
+    args: argparse.Namespace, redis_url: str, workdir: Path, rate: float, n: int
+) -> dict[str, Any]:
+    """Publish ``n`` trace sequences at ``rate``/s (0: at once) to subscriber processes."""
+    import array
+
+    import redis
+
+    from agentspec._fleet_entry import FleetEntry
+    from agentspec._fleet_names import FleetKeys
+    from agentspec._fleet_pub import FleetPublisher, Published, PublishStatus
+
+    tenant = f"bench-lag-{uuid.uuid4().hex[:8]}"
+    seqs = trace_sequences(args, tenant)
+    identities = [f"lag-{i}" for i in range(n)]
+    plan = [(seqs[i % len(seqs)][0], seqs[i % len(seqs)][1], identities[i]) for i in range(n)]
+    seq_ids = [FleetEntry.make(k, ident, array.array("i", t)).seq_id for k, t, ident in plan]
+    index = {sid: i for i, sid in enumerate(seq_ids)}
+    admin = redis.Redis.from_url(redis_url)
+    used_before = int(admin.info("memory")["used_memory"])
+    acked: list[tuple[str, float] | None] = [None] * n
+
+    def on_published(p: Published) -> None:
+        i = index.get(p.entry.seq_id)
+        if i is not None and acked[i] is None:
+            acked[i] = (p.stream_id, time.time())
+
+    t_pub = [0.0] * n
+    refused = 0
+    with subscriber_procs(redis_url, tenant, args.subscribers, workdir) as procs:
+        pub = FleetPublisher(redis_url, on_published=on_published, max_pending=max(10_000, n))
+        try:
+            log(f"load: {n} sequences at {'max' if not rate else f'{rate:g}/s'}, tenant {tenant}")
+            start = time.perf_counter()
+            for i, (key, tokens, ident) in enumerate(plan):
+                if rate:
+                    delay = start + i / rate - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)  # pacing the publisher, not synchronisation
+                t_pub[i] = time.time()
+                if pub.publish(key, tokens, ident) is not PublishStatus.QUEUED:
+                    refused += 1
+            flushed = pub.flush(120)
+            pub_stats = pub.stats()
+        finally:
+            pub.close(5)
+        last_id = max((a[0] for a in acked if a is not None), key=parse_sid, default="0-0")
+        reports = []
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"last_id": last_id, "timeout": 120}) + "\n")
+            p.stdin.flush()
+        for i, p in enumerate(procs):
+            out, _ = p.communicate(timeout=300)
+            try:
+                reports.append(json.loads(out.strip().splitlines()[-1]))
+            except (ValueError, IndexError):
+                raise RuntimeError(
+                    f"subscriber {i} gave no report:\n{log_tail(workdir / f'subscriber-{i}.log')}"
+                ) from None
+    used_after = int(admin.info("memory")["used_memory"])
+    memory = redis_memory(admin, FleetKeys.of(tenant).prefix)
+    admin.close()
+
+    # Per sequence and subscriber: the first noted time its position was at or past the entry.
+    applied_at: list[list[float | None]] = []
+    for rep in reports:
+        pos = [parse_sid(p) for p in rep["positions"]]
+        times = rep["times"]
+        row: list[float | None] = []
+        for a in acked:
+            if a is None:
+                row.append(None)
+                continue
+            j = bisect_left(pos, parse_sid(a[0]))
+            row.append(times[j] if j < len(pos) else None)
+        applied_at.append(row)
+    lags, lags_redis, acks = [], [], []
+    per_sub: list[list[float]] = [[] for _ in reports]
+    by_second: dict[int, list[float]] = defaultdict(list)
+    missing = 0
+    for i, a in enumerate(acked):
+        col = [row[i] for row in applied_at]
+        if a is None or any(t is None for t in col):
+            missing += 1
+            continue
+        done = [t for t in col if t is not None]
+        lags.append((max(done) - t_pub[i]) * 1000)
+        by_second[int(t_pub[i] - t_pub[0])].append(lags[-1])
+        lags_redis.append((max(done) - parse_sid(a[0])[0] / 1000) * 1000)
+        acks.append((a[1] - t_pub[i]) * 1000)
+        for s, t in enumerate(done):
+            per_sub[s].append((t - t_pub[i]) * 1000)
+    span = t_pub[-1] - t_pub[0] if n > 1 else 0.0
+    cached_tokens = sum(s["tokens"] for s in reports[0]["shards"]) if reports else 0
+    tree_bytes = sum(s["tree_bytes"] or 0 for s in reports[0]["shards"]) if reports else 0
+    # Every subscriber reached the last entry and holds every sequence (applied from the
+    # stream, or from a snapshot after a reload when it fell behind a trim).
+    all_applied = all(
+        r["reached"] and sum(s["sequences"] for s in r["shards"]) == n and r["malformed"] == 0
+        for r in reports
+    )
+
+    def dist(v: list[float]) -> dict[str, float | None]:
+        if not v:
+            return {"p50": None, "p99": None, "max": None, "mean": None}
+        return {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v), "mean": sum(v) / len(v)}
+
+    lag = dist(lags)
+    return {
+        "tenant": tenant,
+        "sequences": n,
+        "target_rate": rate or None,
+        "achieved_rate": (n - 1) / span if span > 0 else None,
+        "publish_seconds": span,
+        "refused": refused,
+        "flushed": flushed,
+        "publisher": {"published": pub_stats.published, "failures": pub_stats.failures},
+        "subscribers": len(reports),
+        "all_applied": all_applied and missing == 0,
+        "missing": missing,
+        "lag_ms": lag,
+        "lag_from_xadd_ms": dist(lags_redis),
+        "ack_ms": dist(acks),
+        "per_subscriber_lag_ms": [dist(v) for v in per_sub],
+        "lag_ms_per_second": [
+            {"second": k, "sequences": len(v), **dist(v)} for k, v in sorted(by_second.items())
+        ],
+        "target_p99_ms": TARGET_P99_MS,
+        "p99_ok": lag["p99"] is not None and lag["p99"] <= TARGET_P99_MS,
+        "subscriber_stats": [
+            {k: r[k] for k in ("applied", "duplicates", "malformed", "loads", "compactions")}
+            | {"reconnects": r["reconnects"], "rss_ready": r["rss_ready"], "rss_end": r["rss_end"]}
+            for r in reports
+        ],
+        "memory": {
+            **memory,
+            "cached_tokens": cached_tokens,
+            "cached_sequences": sum(s["sequences"] for s in reports[0]["shards"]) if reports else 0,
+            "redis_used_memory_delta": used_after - used_before,
+            "redis_bytes_per_token": ratio(memory["tenant_bytes"], cached_tokens),
+            "redis_used_delta_per_token": ratio(used_after - used_before, cached_tokens),
+            "subscriber_tree_bytes": tree_bytes,
+            "subscriber_tree_bytes_per_token": ratio(tree_bytes, cached_tokens),
+            "subscriber_both_trees_bytes_per_token": ratio(2 * tree_bytes, cached_tokens),
+            "subscriber_rss_delta_per_token": ratio(
+                sum(r["rss_end"] - r["rss_ready"] for r in reports) / max(1, len(reports)),
+                cached_tokens,
+            ),
+        },
+    }
+
+
+def redis_memory(client: Any, prefix: str) -> dict[str, Any]:
+    """``MEMORY USAGE`` (all samples) of the tenant's keys: stream, snapshots, the rest."""
+    parts = {"stream": 0, "snapshots": 0, "other": 0}
+    keys = 0
+    log_key = prefix + "log"
+    for raw in client.scan_iter(match=prefix + "*", count=1000):
+        key = raw.decode()
+        used = int(client.memory_usage(raw, samples=0) or 0)
+        keys += 1
+        part = (
+            "stream"
+            if key == log_key
+            else "snapshots"
+            if key.startswith(prefix + "snap:")
+            else "other"
+        )
+        parts[part] += used
+    return {
+        "tenant_keys": keys,
+        "tenant_bytes": sum(parts.values()),
+        **{f"{k}_bytes": v for k, v in parts.items()},
+        "stream_entries": int(client.xlen(log_key)),
+    }
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def table(results: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str, str]] = []
+    ab = results.get("ab")
+    if ab and "isolated" in ab:
+        iso, fl = ab["isolated"]["summary"], ab["fleet"]["summary"]
+        rows.append(
+            (
+                f"a. tokens/step ({ab['questions']} questions, {iso['calls']} calls)",
+                fmt(iso["tokens_per_step"]),
+                fmt(fl["tokens_per_step"]),
+                fmt(ab["ratio_tokens_per_step"]),
+            )
+        )
+        rows.append(
+            (
+                "a. accepted/step",
+                fmt(iso["accepted_per_step"]),
+                fmt(fl["accepted_per_step"]),
+                fmt(ratio(fl["accepted_per_step"], iso["accepted_per_step"])),
+            )
+        )
+        rows.append(
+            (
+                "a. completion tokens / steps",
+                f"{iso['completion_tokens']:,} / {iso['steps']:,}",
+                f"{fl['completion_tokens']:,} / {fl['steps']:,}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "a. wall s",
+                fmt(ab["isolated"]["wall_s"], 1),
+                fmt(ab["fleet"]["wall_s"], 1),
+                fmt(ratio(ab["fleet"]["wall_s"], ab["isolated"]["wall_s"])),
+            )
+        )
+        rows.append(
+            ("a. identical outputs", "", f"{ab['identical_outputs']}/{ab['same_calls']}", "")
+        )
+    kr = ab and ab["fleet"].get("kill_restart")
+    if kr:
+        r, c = kr["restarted_first_request"], kr["control_empty_isolated"]
+
+        def probe(d: dict[str, Any]) -> str:
+            return (
+                f"{d['accepted']}/{d['drafted']} in {d['steps']} steps, "
+                f"{fmt(d['tokens_per_step'], 2)} tok/step"
+            )
+
+        rows.append(
+            (
+                f"b. restarted replica's 1st request ({kr['probe']['stage']}, "
+                f"{kr['probe']['completion_tokens']} tokens): accepted/drafted",
+                "empty control: " + probe(c),
+                "restarted: " + probe(r),
+                "PASS" if kr["pass"] else "FAIL",
+            )
+        )
+        rows.append(("b. restart to ready s", "", fmt(kr["restart_to_ready_s"], 1), ""))
+    load = results.get("load")
+    if load and "c" in results["phases"]:
+        lag = load["lag_ms"]
+        rows.append(
+            (
+                f"c. rate target / achieved (seq/s, {load['subscribers']} subscriber procs)",
+                fmt(load["target_rate"], 0),
+                fmt(load["achieved_rate"], 0),
+                "",
+            )
+        )
+        rows.append(
+            (
+                "c. sync lag publish->applied on all, ms p50 / p99 / max",
+                "",
+                f"{fmt(lag['p50'], 2)} / {fmt(lag['p99'], 2)} / {fmt(lag['max'], 2)}",
+                f"p99 <= {TARGET_P99_MS:g}: {'PASS' if load['p99_ok'] else 'FAIL'}",
+            )
+        )
+        ack = load["ack_ms"]
+        rows.append(
+            (
+                "c. publish->XADD ack ms p50 / p99",
+                "",
+                f"{fmt(ack['p50'], 2)} / {fmt(ack['p99'], 2)}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "c. every subscriber applied every sequence",
+                "",
+                f"{fmt(load['all_applied'])} ({load['sequences']:,})",
+                "",
+            )
+        )
+    if load and "d" in results["phases"]:
+        m = load["memory"]
+        rows.append(
+            (
+                f"d. Redis B/cached token ({m['cached_tokens']:,} tokens, "
+                f"{m['stream_entries']:,} stream entries)",
+                f"keys {fmt(m['redis_bytes_per_token'], 1)}",
+                f"used_memory delta {fmt(m['redis_used_delta_per_token'], 1)}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "d. Redis bytes: stream / snapshots",
+                "",
+                f"{m['stream_bytes']:,} / {m['snapshots_bytes']:,}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "d. subscriber B/token: one tree / both trees / RSS delta",
+                "",
+                f"{fmt(m['subscriber_tree_bytes_per_token'], 1)} / "
+                f"{fmt(m['subscriber_both_trees_bytes_per_token'], 1)} / "
+                f"{fmt(m['subscriber_rss_delta_per_token'], 1)}",
+                "",
+            )
+        )
+    if ab and "d" in results["phases"]:
+        rows.append(
+            (
+                "d. replica learned shards B/token (phase a fleet run)",
+                "",
+                fmt(ab["replica_memory"]["learned_bytes_per_token"], 1),
+                "",
+            )
+        )
+    head = ("metric", "isolated / baseline", "fleet / measured", "ratio / check")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+    return "\n".join(lines)
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--phases", default="a,b,c,d", help="phases to run (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="replica model (default: %(default)s)")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    p.add_argument("--questions", type=int, default=6, help="pipeline questions per run")
+    p.add_argument("--n-sql", type=int, default=1, help="parallel SQL stages of the pipeline")
+    p.add_argument("--agents", type=int, default=3, help="pipelines running at once")
+    p.add_argument("--kill-after", type=int, default=None, help="phase b: after this question")
+    p.add_argument("--kill-replica", type=int, default=1, help="phase b: which replica")
+    p.add_argument("--rate", type=float, default=1000.0, help="phase c: sequences per second")
+    p.add_argument("--seconds", type=float, default=3.0, help="phase c: publishing time")
+    p.add_argument("--sequences", type=int, default=None, help="c/d: sequences (rate*seconds)")
+    p.add_argument("--subscribers", type=int, default=3, help="c/d: subscriber processes")
+    p.add_argument("--data", type=Path, default=DEFAULT_TRACE, help="Spider trace")
+    p.add_argument("--tokenizer", type=Path, default=None, help="c/d: tokenizer.json (Qwen3)")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write all numbers")
+    p.add_argument("--subscriber-child", nargs=2, metavar=("URL", "TENANT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.kill_after is None:
+        args.kill_after = max(1, args.questions // 2)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.subscriber_child:
+        return subscriber_child(*args.subscriber_child)
+    phases = {x.strip() for x in args.phases.split(",") if x.strip()}
+    if not phases or phases - set(PHASES):
+        print(f"--phases: choose from {','.join(PHASES)}", file=sys.stderr)
+        return 2
+    if "b" in phases and args.kill_after >= args.questions:
+        print("phase b needs --kill-after < --questions", file=sys.stderr)
+        return 2
+    from benchmarks._redis import RedisServer
+
+    results: dict[str, Any] = {"phases": sorted(phases), "cpus": os.cpu_count()}
+    t0 = time.perf_counter()
+    with (
+        RedisServer(appendfsync="everysec") as server,
+        tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp,
+    ):
+        workdir = Path(tmp)
+        results["redis"] = {"url": server.url, "appendfsync": "everysec"}
+        if phases & {"a", "b"}:
+            before = os.getloadavg()
+            results["ab"] = phase_ab(args, phases, server.url, workdir)
+            results["ab"]["loadavg_before_after"] = [before, os.getloadavg()]
+        if phases & {"c", "d"}:
+            n = args.sequences or max(1, round(args.rate * args.seconds))
+            rate = args.rate if "c" in phases else 0.0
+            before = os.getloadavg()
+            results["load"] = run_load(args, server.url, workdir, rate, n)
+            results["load"]["loadavg_before_after"] = [before, os.getloadavg()]
+    results["wall_s"] = time.perf_counter() - t0
+    print(table(results))
+    for part in ("ab", "load"):
+        if part in results:
+            b, a = results[part]["loadavg_before_after"]
+            print(
+                f"load average ({'phases a/b' if part == 'ab' else 'phases c/d'}): "
+                f"before {b[0]:.2f} {b[1]:.2f} {b[2]:.2f}, after {a[0]:.2f} {a[1]:.2f} {a[2]:.2f} "
+                f"on {os.cpu_count()} CPUs"
+            )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
