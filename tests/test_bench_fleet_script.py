@@ -92,21 +92,15 @@ def test_lag_and_memory_phases(tmp_path: Path) -> None:
     )
 
 
-def _model_cached() -> bool:
-    try:
-        from agentspec.models import default_cache_dir
-    except ImportError:
-        return False
-    return any(default_cache_dir().glob("smollm2-135m*"))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not _model_cached(), reason="smollm2-135m is not in the model cache")
 def test_kill_restart_phase(tmp_path: Path) -> None:
     """Phase b alone: a two-question fleet run, one replica SIGKILLed and restarted."""
     pytest.importorskip("torch")
     pytest.importorskip("openai")
+    from agentspec.models import ensure_default_model
+
+    ensure_default_model()  # fetched once here (as the engine tests do), not by three replicas
     report = _run(tmp_path, "--phases", "b", "--questions", "2", "--agents", "1", timeout=840)
     ab = report["ab"]
     assert "isolated" not in ab
