@@ -419,7 +419,8 @@ class SuffixDecodingCache:
     def _stages(self) -> Speculator:
         """The stage-shard speculator for staged requests (made on first use)."""
         if self._speculator is None:
-            self._speculator = Speculator(self._max_tree_depth)
+            # arctic's behaviour: drafts as the speculate arguments give them
+            self._speculator = Speculator(self._max_tree_depth, goodput=False)
         return self._speculator
 
     def _get_params(
