@@ -7,9 +7,13 @@ question -- speculation off (``vllm_xargs.agentspec_speculate=false``), then
 on, with the "on" run's stage shards starting empty and learning as it goes
 -- and checks that both runs produced identical outputs (every stage's text
 and token ids).  Prints per stage: calls, tokens, verification steps, tokens
-per step, wall time off / on and the speedup, then the overall wall-clock
-speedup (measured, never computed from step counts).  Writes
-``report.json``, ``calls.jsonl`` and ``chart.png`` into ``--out``.
+per step, wall time off / on and the speedup (also over the calls that did
+not stop at ``max_tokens``), how many outputs are well formed (Extract's
+JSON, SQL passing SQLite ``EXPLAIN``), then the overall wall-clock speedup
+(measured, never computed from step counts), and a legend of the columns.
+Writes ``report.json``, ``calls.jsonl`` and ``chart.png`` into ``--out``
+(default: `default_out_dir`, in the user's cache, not the working
+directory) and prints where.
 
 Exit status: 0 when the outputs are identical, 1 when they differ or calls
 failed, 2 when the demo cannot run (bad arguments, no model, no pipeline).
@@ -18,18 +22,30 @@ failed, 2 when the demo cannot run (bad arguments, no model, no pipeline).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from agentspec._keys import client_api_key
 from agentspec.exceptions import AgentSpecError
 
-__all__ = ["DEFAULT_OUT", "DEFAULT_QUESTIONS", "add_arguments", "run_cli"]
+__all__ = ["DEFAULT_QUESTIONS", "add_arguments", "default_out_dir", "run_cli"]
 
 #: Questions run by default: about 4 minutes for both runs with SmolLM2-135M on 2 CPU cores.
 DEFAULT_QUESTIONS = 6
-#: Where the report goes by default.
-DEFAULT_OUT = "agentspec-demo-out"
+
+
+def default_out_dir() -> Path:
+    """Where the report goes by default: ``demo`` beside the model cache.
+
+    That is ``$AGENTSPEC_CACHE/demo`` when set, else
+    ``$XDG_CACHE_HOME/agentspec/demo``, else ``~/.cache/agentspec/demo``
+    (see `agentspec.models.default_cache_dir`).
+    """
+    from agentspec.models import default_cache_dir
+
+    return default_cache_dir().parent / "demo"
+
+
 _STAGES = ("Classify", "Extract", "Enrich", "SQL", "SQL-fix", "Combine")
 
 
@@ -77,9 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path(DEFAULT_OUT),
         metavar="DIR",
-        help="where report.json, calls.jsonl and chart.png go (default: ./%(default)s)",
+        help="where report.json, calls.jsonl and chart.png go "
+        "(default: demo/ in the agentspec cache, ~/.cache/agentspec/demo)",
     )
     parser.add_argument(
         "--threads",
@@ -114,8 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-        help="API key for --base-url (default: $OPENAI_API_KEY, else 'EMPTY')",
+        default=client_api_key() or "EMPTY",
+        help="API key for --base-url (default: $AGENTSPEC_API_KEY, else $OPENAI_API_KEY, "
+        "else 'EMPTY')",
     )
     parser.add_argument(
         "--timeout", type=float, default=600.0, metavar="S", help="seconds per request"
@@ -153,10 +170,11 @@ def run_cli(args: argparse.Namespace) -> int:
     print(format_table(report))
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    written = write_outputs(report, args.out, result.records, chart=not args.no_chart)
+    out = args.out if args.out is not None else default_out_dir()
+    written = write_outputs(report, out, result.records, chart=not args.no_chart)
     if "chart" not in written and not args.no_chart:
         print("note: matplotlib is not installed; no chart.png", file=sys.stderr)
-    print("wrote " + ", ".join(str(p) for p in written.values()))
+    print(f"wrote {', '.join(p.name for p in written.values())} to {out}")
     if report.errors:
         print(f"\nFAILED: {len(report.errors)} call(s) failed:", file=sys.stderr)
         for err in report.errors[:20]:

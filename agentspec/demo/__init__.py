@@ -9,13 +9,17 @@ measured wall times.  `format_table`, `write_outputs` render it.
 
 Importing this package needs the pipeline, which ships in the source tree
 (``examples/``), not in the installed package: it raises `DemoError` when
-the pipeline cannot be found (see `agentspec.demo._run.PIPELINE_MODULE`).
+the pipeline cannot be found (see `agentspec.demo._pipeline.PIPELINE_MODULE`).
+The pipeline runs with the demo's prompts (`DEMO_PROMPTS`, `DEMO_STOP`),
+fitted to the small default model.
 """
 
 from __future__ import annotations
 
+from agentspec.demo._prompts import DEMO_PROMPTS, DEMO_STOP
 from agentspec.demo._questions import BUILTIN_SCHEMAS, BuiltinQuestion, builtin_questions
 from agentspec.demo._report import (
+    COLUMNS,
     CallRecord,
     Check,
     DemoReport,
@@ -38,7 +42,10 @@ from agentspec.demo._run import (
 
 __all__ = [
     "BUILTIN_SCHEMAS",
+    "COLUMNS",
     "DEMO_MAX_TOKENS",
+    "DEMO_PROMPTS",
+    "DEMO_STOP",
     "BuiltinQuestion",
     "CallRecord",
     "Check",

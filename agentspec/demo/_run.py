@@ -15,18 +15,19 @@ hook on the openai client): request messages, output text, token ids
 the call's start and end.  `agentspec.demo._report` then checks the outputs
 are identical and sums per stage.
 
-The pipeline lives in ``examples/text_to_sql`` of the source tree, outside
-the installed package: `ensure_pipeline_importable` puts the repository root
-on ``sys.path`` when needed (see `PIPELINE_MODULE`).
+The pipeline (``examples/text_to_sql``, imported by `agentspec.demo._pipeline`)
+runs with the demo's prompts and stop strings (`agentspec.demo._prompts`),
+fitted to the small default model, and the demo's ``max_tokens``
+(`DEMO_MAX_TOKENS`).  After each question the runner checks every output of
+both runs (`CallRecord.valid`): Extract's JSON, the SQL queries against
+SQLite ``EXPLAIN`` on a database built from the question's schema.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
-import sys
 import threading
 import time
 import uuid
@@ -36,6 +37,22 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TextIO
 
+from agentspec.demo._pipeline import (
+    PIPELINE_MODULE,
+    QUESTION_TYPES,
+    DemoError,
+    PipelineConfig,
+    QuestionResult,
+    SchemaDatabase,
+    SpiderQuestion,
+    Text2SQLPipeline,
+    ensure_pipeline_importable,
+    extract_sql,
+    load_questions,
+    parse_combine,
+    parse_schema_selection,
+)
+from agentspec.demo._prompts import DEMO_PROMPTS, DEMO_STOP, is_feature_json
 from agentspec.demo._questions import builtin_questions
 from agentspec.demo._report import (
     OFF,
@@ -45,7 +62,6 @@ from agentspec.demo._report import (
     QuestionTiming,
     build_report,
 )
-from agentspec.exceptions import AgentSpecError
 
 __all__ = [
     "DEMO_MAX_TOKENS",
@@ -58,59 +74,15 @@ __all__ = [
     "run_demo",
 ]
 
-#: Where the pipeline is imported from.  If it moves into the package
-#: (``agentspec/examples/text_to_sql``), change this and the import below.
-PIPELINE_MODULE = "examples.text_to_sql"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: ``max_tokens`` per stage for the demo (the pipeline's own defaults are for
-#: larger models); sized so the default run fits in a few minutes on 2 CPU cores.
+#: larger models): a little above the longest well-formed answer of each stage
+#: with the demo's prompts, so a call that reaches it is a loop, cut short.
 DEMO_MAX_TOKENS: Mapping[str, int] = MappingProxyType(
-    {"Classify": 8, "Extract": 128, "Enrich": 96, "SQL": 160, "SQL-fix": 160, "Combine": 96}
+    {"Classify": 4, "Extract": 96, "Enrich": 40, "SQL": 64, "SQL-fix": 64, "Combine": 128}
 )
 _SPIDER_NAME = "spider-sql.dev.jsonl.gz"
-
-
-class DemoError(AgentSpecError, RuntimeError):
-    """The demo cannot run: no pipeline, no model, no questions, an unusable server."""
-
-
-def ensure_pipeline_importable() -> None:
-    """Make `PIPELINE_MODULE` importable, adding the repository root to ``sys.path`` if needed.
-
-    Raises:
-        DemoError: the module is nowhere to be found (an installed package
-            without the source tree's ``examples/`` folder).
-    """
-    try:
-        if importlib.util.find_spec(PIPELINE_MODULE) is not None:
-            return
-    except ModuleNotFoundError:
-        pass
-    if (_REPO_ROOT / "examples" / "text_to_sql" / "__init__.py").is_file():
-        sys.path.insert(0, str(_REPO_ROOT))
-        importlib.invalidate_caches()
-        try:
-            if importlib.util.find_spec(PIPELINE_MODULE) is not None:
-                return
-        except ModuleNotFoundError:
-            pass
-    raise DemoError(
-        f"the demo needs the text-to-SQL pipeline ({PIPELINE_MODULE}), which ships in the "
-        "source tree, not in the installed package",
-        f"run it from a checkout of agentspec (looked in {_REPO_ROOT / 'examples'})",
-    )
-
-
-ensure_pipeline_importable()
-
-from examples.text_to_sql import (  # noqa: E402  (needs ensure_pipeline_importable first)
-    PipelineConfig,
-    QuestionResult,
-    SpiderQuestion,
-    Text2SQLPipeline,
-    load_questions,
-)
 
 
 def default_spider_paths() -> list[Path]:
@@ -289,6 +261,48 @@ def _fill(rec: CallRecord, response: Any) -> None:
         rec.speculate = spec if isinstance(spec, bool) else None
 
 
+# --- checking the outputs -------------------------------------------------------------------
+
+
+def output_valid(
+    stage: str, text: str | None, db: SchemaDatabase, result: QuestionResult | None = None
+) -> bool | None:
+    """Whether ``text`` is a well-formed answer of ``stage`` (None: a failed call).
+
+    Classify: exactly one question type; Extract: one JSON object with exactly
+    the feature keys; Enrich: names a table of the schema; SQL stages and
+    SQL-fix: a query that passes SQLite ``EXPLAIN`` on ``db``; Combine: its
+    query (or the candidate of ``result`` it names) passes ``EXPLAIN``.
+    """
+    if text is None:
+        return None
+    if stage == "Classify":
+        return text.strip().lower() in QUESTION_TYPES
+    if stage == "Extract":
+        return is_feature_json(text)
+    if stage == "Enrich":
+        columns = {t.name: [c.name for c in t.columns] for t in db.tables}
+        return parse_schema_selection(text, columns).failure is None
+    if stage == "Combine":
+        candidates = result.candidates if result is not None else []
+        answer = parse_combine(text, len(candidates)).value
+        sql = candidates[answer.choice - 1].sql if answer.choice is not None else answer.sql
+        return sql is not None and db.explain(sql).ok
+    if stage.startswith("SQL"):
+        sql = extract_sql(text)
+        return sql is not None and db.explain(sql).ok
+    return None
+
+
+def _check_question(
+    records: Sequence[CallRecord], question: int, db: SchemaDatabase, result: QuestionResult
+) -> None:
+    """Set `CallRecord.valid` on the records of ``question`` (in place)."""
+    for rec in records:
+        if rec.question == question and rec.error is None:
+            rec.valid = output_valid(rec.stage, rec.text, db, result)
+
+
 # --- progress ---------------------------------------------------------------------------------
 
 
@@ -458,6 +472,8 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
                 n_sql=config.n_sql,
                 max_tokens=config.max_tokens,
                 extra_body={"vllm_xargs": {"agentspec_speculate": run == ON}},
+                prompts=DEMO_PROMPTS,
+                stop=DEMO_STOP,
             )
             pipelines[run] = stack.enter_context(Text2SQLPipeline(client, pipeline_config))
         for i, question in enumerate(questions):
@@ -468,6 +484,10 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
                 results[run] = _timed(pipelines[run], question)
                 request_errors += _request_errors(results[run][0], run)
             (off_res, off_s), (on_res, on_s) = results[OFF], results[ON]
+            db = pipelines[ON].database(question.schema)
+            for run in (OFF, ON):
+                _check_question(recorders[run].records, i, db, results[run][0])
+            final_ok = on_res.final_sql is not None and db.explain(on_res.final_sql).ok
             timings.append(
                 QuestionTiming(
                     question.session,
@@ -476,6 +496,7 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
                     on_s,
                     off_res.final_sql,
                     on_res.final_sql,
+                    final_ok,
                 )
             )
     bar.show(
@@ -487,6 +508,7 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
         "questions": len(questions),
         "n_sql": config.n_sql,
         "max_tokens": dict(config.max_tokens),
+        "stop": {stage: list(strings) for stage, strings in DEMO_STOP.items()},
         "engine_threads": threads,
         "tenants": tenants,
     }

@@ -34,7 +34,7 @@ import contextvars
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from time import monotonic
@@ -47,21 +47,17 @@ import agentspec
 from agentspec import AgentSpecClient
 
 from .prompts import (
+    DEFAULT_PROMPTS,
     FEATURE_KEYS,
     QUESTION_TYPES,
     SQL_STRATEGIES,
     Message,
-    classify_messages,
-    combine_messages,
-    enrich_messages,
-    extract_messages,
+    PromptSet,
     extract_sql,
-    fix_feedback,
     parse_combine,
     parse_features,
     parse_question_type,
     parse_schema_selection,
-    sql_messages,
 )
 from .spider import ExplainResult, SchemaDatabase, SpiderQuestion
 
@@ -123,7 +119,9 @@ class PipelineConfig:
     stage (missing stages take `DEFAULT_MAX_TOKENS`), ``few_shot`` examples
     at most for the few-shot strategy, ``fix``: send failing queries back
     once (SQL-fix), ``extra_body``: extra request fields for every call (for
-    example ``{"chat_template_kwargs": {"enable_thinking": False}}`` on vLLM).
+    example ``{"chat_template_kwargs": {"enable_thinking": False}}`` on vLLM),
+    ``prompts``: the prompt builders (`PromptSet`), ``stop``: stop strings
+    per stage (keys as ``max_tokens``; none by default).
     """
 
     model: str
@@ -133,6 +131,8 @@ class PipelineConfig:
     fix: bool = True
     pipeline: str = PIPELINE
     extra_body: Mapping[str, Any] | None = None
+    prompts: PromptSet = DEFAULT_PROMPTS
+    stop: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check the values; merge ``max_tokens`` over the defaults."""
@@ -153,6 +153,17 @@ class PipelineConfig:
         if bad:
             raise ValueError(f"max_tokens must be positive ints, got {bad}")
         object.__setattr__(self, "max_tokens", MappingProxyType(merged))
+        unknown = set(self.stop) - set(DEFAULT_MAX_TOKENS)
+        if unknown:
+            raise ValueError(
+                f"stop has unknown stages {sorted(unknown)}; known: {sorted(DEFAULT_MAX_TOKENS)}"
+            )
+        stops: dict[str, tuple[str, ...]] = {}
+        for stage, strings in self.stop.items():
+            if isinstance(strings, str) or not all(isinstance(x, str) and x for x in strings):
+                raise ValueError(f"stop[{stage!r}] must be a list of non-empty str")
+            stops[stage] = tuple(strings)
+        object.__setattr__(self, "stop", MappingProxyType(stops))
 
 
 @dataclass
@@ -315,7 +326,12 @@ class Text2SQLPipeline:
         rec = StageRecord(stage, started=monotonic() - t0)
         start = monotonic()
         try:
-            extra = {} if self.config.extra_body is None else {"extra_body": self.config.extra_body}
+            extra: dict[str, Any] = {}
+            if self.config.extra_body is not None:
+                extra["extra_body"] = self.config.extra_body
+            stop = self.config.stop.get(budget or stage)
+            if stop:
+                extra["stop"] = list(stop)
             with agentspec.stage(stage):
                 response = self._client.chat.completions.create(
                     model=self.config.model,
@@ -372,7 +388,9 @@ class Text2SQLPipeline:
         cand = Candidate(stage, strategy, sql, check.ok, check.error)
         if check.ok or not self.config.fix:
             return cand, records
-        feedback = fix_feedback(sql, check.error or "EXPLAIN failed", full_schema)
+        feedback = self.config.prompts.fix_feedback(
+            sql, check.error or "EXPLAIN failed", full_schema
+        )
         fix_messages = [
             *messages,
             {"role": "assistant", "content": rec.output},
@@ -425,21 +443,22 @@ class Text2SQLPipeline:
         q = question.question
         with self._client.session(question.session, pipeline=self.config.pipeline):
             # Classify
-            rec = self._call(STAGE_CLASSIFY, classify_messages(q), t0)
+            prompts = self.config.prompts
+            rec = self._call(STAGE_CLASSIFY, prompts.classify(q), t0)
             result.stages.append(rec)
             if rec.output is not None:
                 kind = parse_question_type(rec.output)
                 rec.parsed, rec.parse_failure = kind.value, kind.failure
                 result.question_type = kind.value
             # Extract
-            rec = self._call(STAGE_EXTRACT, extract_messages(q, full_schema), t0)
+            rec = self._call(STAGE_EXTRACT, prompts.extract(q, full_schema), t0)
             result.stages.append(rec)
             feats = parse_features(rec.output or "")
             result.features = feats.value
             if rec.output is not None:
                 rec.parsed, rec.parse_failure = feats.value, feats.failure
             # Enrich
-            rec = self._call(STAGE_ENRICH, enrich_messages(q, full_schema, result.features), t0)
+            rec = self._call(STAGE_ENRICH, prompts.enrich(q, full_schema, result.features), t0)
             result.stages.append(rec)
             selection = parse_schema_selection(rec.output or "", columns)
             if rec.output is not None:
@@ -451,8 +470,8 @@ class Text2SQLPipeline:
             result.schema_subset = db.compact_schema(picked) if picked else full_schema
             # SQL1..SQLn in parallel, each with its EXPLAIN check and SQL-fix
             examples = self._examples(question.db_id, q)
-            prompts = [
-                sql_messages(
+            sql_prompts = [
+                prompts.sql(
                     SQL_STRATEGIES[i - 1],
                     q,
                     result.schema_subset,
@@ -468,7 +487,7 @@ class Text2SQLPipeline:
                         contextvars.copy_context().run,
                         self._sql_candidate,
                         i,
-                        prompts[i - 1],
+                        sql_prompts[i - 1],
                         db,
                         full_schema,
                         t0,
@@ -495,9 +514,8 @@ class Text2SQLPipeline:
             (c.sql, "passes EXPLAIN" if c.explain_ok else f"fails: {c.explain_error}")
             for c in result.candidates
         ]
-        rec = self._call(
-            STAGE_COMBINE, combine_messages(result.question, result.schema_subset, listed), t0
-        )
+        messages = self.config.prompts.combine(result.question, result.schema_subset, listed)
+        rec = self._call(STAGE_COMBINE, messages, t0)
         result.stages.append(rec)
         final: str | None = None
         source = "none"

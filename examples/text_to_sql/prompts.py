@@ -16,17 +16,19 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 __all__ = [
+    "DEFAULT_PROMPTS",
     "FEATURE_KEYS",
     "QUESTION_TYPES",
     "SQL_STRATEGIES",
     "CombineAnswer",
     "Message",
     "Parsed",
+    "PromptSet",
     "classify_messages",
     "combine_messages",
     "enrich_messages",
@@ -234,6 +236,30 @@ def combine_messages(
             "ANSWER: <one sentence saying what the query returns>"
         ),
     ]
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompt builders the pipeline uses, one per stage (`DEFAULT_PROMPTS`: this module's).
+
+    Each takes the arguments of the builder it replaces (``sql`` those of
+    `sql_messages`, ``fix_feedback`` those of `fix_feedback`, ...), so a set
+    fitted to one model (few-shot turns, tighter formats) can replace any of
+    them; the answers are read by the same parsers.
+    """
+
+    classify: Callable[[str], list[Message]] = classify_messages
+    extract: Callable[[str, str], list[Message]] = extract_messages
+    enrich: Callable[[str, str, Mapping[str, Any]], list[Message]] = enrich_messages
+    sql: Callable[..., list[Message]] = sql_messages
+    fix_feedback: Callable[[str | None, str, str], str] = fix_feedback
+    combine: Callable[[str, str, Sequence[tuple[str | None, str]]], list[Message]] = (
+        combine_messages
+    )
+
+
+#: The pipeline's own prompts.
+DEFAULT_PROMPTS = PromptSet()
 
 
 # --- parsing the answers -----------------------------------------------------------------
