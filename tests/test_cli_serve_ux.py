@@ -393,7 +393,7 @@ def test_serve_prints_a_ready_line_then_one_access_line_per_request(
     assert url.endswith("/v1")
     assert int(url.rsplit(":", 1)[1].split("/")[0]) > 0  # port 0: the real port is shown
     assert "(model tiny; engine embedded; speculation on: chain drafts of up to 5 tokens" in ready
-    assert "depth 16; max_model_len 128; api key none)" in ready
+    assert "depth 16, goodput control on; max_model_len 128; api key none)" in ready
     # listening as soon as the line is printed
     with urllib.request.urlopen(url + "/models", timeout=30) as resp:
         models = json.loads(resp.read())
