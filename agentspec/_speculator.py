@@ -120,6 +120,12 @@ class _Request:
     last: Draft | None = None  # its last controlled draft, until `extend` reports on it
 
 
+def _group(req: _Request, draft: Draft) -> tuple[ShardKey, str, int]:
+    """A draft's calibration group: its shard key, its tree, and its match length in
+    powers of two (a long match is better evidence than a short one at equal counts)."""
+    return req.key, draft.source, min(draft.match_len, 64).bit_length()
+
+
 class Speculator:
     """Drafting with stage shards, per-request trees and online learning.
 
@@ -419,7 +425,7 @@ class Speculator:
             for r, d in zip(reqs, drafts, strict=True):
                 r.last = d if d.token_ids else None
             return drafts
-        out = ctl.trim(drafts, [(r.key, d.source) for r, d in zip(reqs, drafts, strict=True)], caps)
+        out = ctl.trim(drafts, [_group(r, d) for r, d in zip(reqs, drafts, strict=True)], caps)
         for r, d in zip(reqs, out, strict=True):
             r.last = d if d.token_ids else None
         return out
@@ -436,7 +442,7 @@ class Speculator:
         limit = min(len(want), len(tokens))
         while accepted < limit and want[accepted] == tokens[accepted]:
             accepted += 1
-        ctl.observe_accepted((req.key, d.source), d, accepted)
+        ctl.observe_accepted(_group(req, d), d, accepted)
 
     def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
         """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""

@@ -83,7 +83,7 @@ def test_extend_reports_the_accepted_prefix_per_group():
     assert d.token_ids == ANSWER[:3]
     spec.extend("r", [*ANSWER[:2], 99])  # 2 accepted, then the model's own token
     (group,) = ctl.calibrator.groups()
-    assert group == ((None, "sql"), d.source)
+    assert group == ((None, "sql"), d.source, min(d.match_len, 64).bit_length())
     seen = sum(b.verified for b in ctl.calibrator.table(group))
     accepted = sum(b.accepted for b in ctl.calibrator.table(group))
     assert (seen, accepted) == (3, 2)
