@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentspec import _lowlevel
 from agentspec._args import as_int
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from agentspec._tree import SuffixTree, TreeStats
 
 __all__ = ["Cursor", "Draft", "DraftParams"]
+
+T = TypeVar("T")
 
 #: Draft.source for the C ``source`` codes 0..3.
 SOURCES = ("none", "global", "local", "merged")
@@ -441,32 +444,43 @@ class Cursor:
             lock.release()
 
     def _draft_tail(
-        self, context: TokenArray, global_tree: SuffixTree | None, params: DraftParams
-    ) -> DraftResult:
+        self,
+        context: TokenArray,
+        global_tree: SuffixTree | None,
+        params: DraftParams,
+        make: Callable[[list[int], list[int], list[float], float, int], T],
+    ) -> T:
         """Draft for a caller-supplied ``context`` (usually this cursor's own tail).
 
         When ``context`` ends with this cursor's last tokens and covers every
         pattern length it tracks, this is `draft` (incremental); otherwise the
         context is matched from scratch against this cursor's tree and
         ``global_tree``.  The check and the draft are one native call.
-        Returns the raw `DraftBuffers.result` tuple.
+        Returns ``make(tokens, parents, probs, score, match_len)``.
         """
         ptr, n, keep = as_int32_buffer(context)
-        c_params = params._c
-        h = self._enter()
+        # _enter and read_begin inlined: this is vLLM's per-request, per-step call
+        lock = self._lock
+        if not lock.acquire(False):
+            raise RuntimeError("concurrent use of a Cursor: another thread is using it right now")
         try:
-            bufs = self._buffers(params.max_spec_tokens)
+            h = self._h
+            if h is None:
+                raise TreeClosedError("the cursor is closed")
+            bufs = self._bufs
+            if bufs is None or params.max_spec_tokens > bufs.cap:
+                bufs = self._buffers(params.max_spec_tokens)
             if global_tree is None:
-                _lowlevel.draft_tail(h, _lowlevel.NULL, ptr, n, keep, c_params, bufs)
-            else:
-                g = read_begin(global_tree)
-                try:
-                    _lowlevel.draft_tail(h, g, ptr, n, keep, c_params, bufs)
-                finally:
-                    global_tree._read_end()
-            return bufs.result()
+                return _lowlevel.draft_tail(
+                    h, _lowlevel.NULL, ptr, n, keep, params._c, bufs, make, params.tree
+                )
+            g = global_tree._read_begin()
+            try:
+                return _lowlevel.draft_tail(h, g, ptr, n, keep, params._c, bufs, make, params.tree)
+            finally:
+                global_tree._read_end()
         finally:
-            self._lock.release()
+            lock.release()
 
     def close(self) -> None:
         """Free the cursor's memory now; later use raises TreeClosedError.

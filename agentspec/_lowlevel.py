@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import array
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +48,8 @@ from agentspec.exceptions import (
     ShardVersionError,
     ThreadStartError,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "CURSOR_LOCAL_TREE",
@@ -114,6 +117,8 @@ NULL: CData = ffi.NULL
 MAX_DEPTH_LIMIT: int = lib.AS_MAX_DEPTH_LIMIT
 DEFAULT_MAX_DEPTH: int = lib.AS_DEFAULT_MAX_DEPTH
 MAX_SPEC_LIMIT: int = lib.AS_MAX_SPEC_LIMIT
+# Parents of a chain draft of up to MAX_SPEC_LIMIT tokens: each token follows the one before.
+_CHAIN_PARENTS: list[int] = list(range(-1, MAX_SPEC_LIMIT - 1))
 DRAFT_TREE: int = lib.AS_DRAFT_TREE
 DRAFT_MERGE: int = lib.AS_DRAFT_MERGE
 DRAFT_NO_LOCAL: int = lib.AS_DRAFT_NO_LOCAL
@@ -552,11 +557,28 @@ def draft_tail(
     keep: object,
     params: CData,
     bufs: DraftBuffers,
-) -> None:
-    """Draft for a caller's context: incremental when it is the cursor's own tail."""
-    st = lib.as_draft_tail(cur, global_tree, ptr, n, params, bufs.out)
+    make: Callable[[list[int], list[int], list[float], float, int], T],
+    tree: bool,
+) -> T:
+    """Draft for a caller's context: incremental when it is the cursor's own tail.
+
+    Returns ``make(tokens, parents, probs, score, match_len)``, built straight
+    from the buffers (the compat layer's per-request, per-step call).  A chain
+    draft (``tree`` false) has parents ``[-1, 0, 1, ...]``, sliced from a
+    prebuilt list rather than unpacked.
+    """
+    out = bufs.out
+    st = lib.as_draft_tail(cur, global_tree, ptr, n, params, out)
     if st:
         _check_tokens(st, keep)
+    k = out.n
+    return make(
+        ffi.unpack(bufs.tokens, k),
+        ffi.unpack(bufs.parents, k) if tree else _CHAIN_PARENTS[:k],
+        ffi.unpack(bufs.probs, k),
+        out.score,
+        out.match_len,
+    )
 
 
 def draft_context(

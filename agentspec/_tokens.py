@@ -50,6 +50,14 @@ def as_int32_buffer(tokens: TokenArray) -> tuple[Any, int, Any]:
     ``array('i')`` that owns the memory) is alive.
     """
     kind = type(tokens)
+    if kind is np.ndarray and tokens.dtype is _INT32 and tokens.ndim == 1:  # type: ignore[union-attr]
+        # The common case (vLLM passes slices of its token array), checked in
+        # a few attribute reads; from_buffer refuses a non-contiguous view.
+        try:
+            return _lowlevel.int32_ptr(tokens), len(tokens), tokens  # type: ignore[arg-type]
+        except ValueError:
+            check_ndarray(tokens)  # type: ignore[arg-type]
+            raise
     if kind is list or kind is tuple:
         packed = _pack(tokens)  # type: ignore[arg-type]
         return _lowlevel.int32_ptr(packed), len(packed), packed

@@ -113,6 +113,8 @@ from collections.abc import Hashable, KeysView
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from agentspec import _lowlevel
 from agentspec._args import as_int
 from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
@@ -130,7 +132,7 @@ _PARAMS_CACHE_SIZE = 256
 _ARG_NAMES = (("alpha", "max_spec_factor"), ("offset", "max_spec_offset"))
 
 
-@dataclass
+@dataclass(slots=True)
 class SuffixDecodingDraft:
     """A draft returned by `SuffixDecodingCache.speculate`.
 
@@ -234,6 +236,10 @@ class SuffixDecodingCache:
         self._cached: dict[Hashable, int] = {}
         self._next_seq_id = 0
         self._params: dict[tuple[Any, ...], DraftParams] = {}
+        # speculate's raw arguments (exact builtin types) -> DraftParams
+        self._fast_params: dict[tuple[Any, ...], DraftParams] = {}
+        # The arguments of the last checked call and their params (compared by identity).
+        self._last: tuple[Any, ...] = (_NONE,) * 6
         self._default_spec = min(depth, _lowlevel.MAX_SPEC_LIMIT)
         self._speculator: Speculator | None = None  # stage shards, made on first use
 
@@ -394,25 +400,42 @@ class SuffixDecodingCache:
         req = self._active.get(req_id)
         if req is None:
             raise InvalidArgumentError(f"request {req_id!r} is not active")
-        if max_spec_tokens is None:
-            spec = self._default_spec
+        # Fast paths: the very objects of the last call (vLLM passes the same
+        # config floats and small ints every step), else arguments of exactly
+        # the builtin types seen before (exact types keep 1, 1.0 and True
+        # apart as keys).
+        last = self._last
+        if (
+            max_spec_tokens is last[0]
+            and max_spec_factor is last[1]
+            and max_spec_offset is last[2]
+            and min_token_prob is last[3]
+            and use_tree_spec is last[4]
+        ):
+            params = last[5]
+        elif (
+            type(max_spec_tokens) is int
+            and type(max_spec_factor) is float
+            and type(max_spec_offset) is float
+            and type(min_token_prob) is float
+            and type(use_tree_spec) is bool
+        ):
+            key = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)
+            params = self._fast_params.get(key)
         else:
-            spec = as_int(max_spec_tokens, "max_spec_tokens", expected="an int or None")
-            if spec <= 0:
+            params = None
+        if params is None:
+            params = self._checked_params(
+                max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec
+            )
+            if params is None:
                 return SuffixDecodingDraft()
-            spec = min(spec, _lowlevel.MAX_SPEC_LIMIT)
-        params = self._get_params(
-            spec,
-            _real(max_spec_factor, "max_spec_factor"),
-            _real(max_spec_offset, "max_spec_offset"),
-            _real(min_token_prob, "min_token_prob"),
-            use_tree_spec,
-        )
-        if req.cursor is None:
+        cursor = req.cursor
+        if cursor is None:
             return SuffixDecodingDraft.from_native(self._stages().draft(req_id, params))
-        global_tree = self._global if self._use_global else None
-        result = req.cursor._draft_tail(context, global_tree, params)
-        return SuffixDecodingDraft(*result[:5])
+        return cursor._draft_tail(
+            context, self._global if self._use_global else None, params, SuffixDecodingDraft
+        )
 
     # --- internals -----------------------------------------------------------
 
@@ -422,6 +445,40 @@ class SuffixDecodingCache:
             # arctic's behaviour: drafts as the speculate arguments give them
             self._speculator = Speculator(self._max_tree_depth, goodput=False)
         return self._speculator
+
+    def _checked_params(
+        self,
+        max_spec_tokens: object,
+        max_spec_factor: object,
+        max_spec_offset: object,
+        min_token_prob: object,
+        use_tree_spec: object,
+    ) -> DraftParams | None:
+        """Check `speculate`'s arguments and return their `DraftParams` (None: empty draft)."""
+        if max_spec_tokens is None:
+            spec = self._default_spec
+        else:
+            spec = as_int(max_spec_tokens, "max_spec_tokens", expected="an int or None")
+            if spec <= 0:
+                return None
+            spec = min(spec, _lowlevel.MAX_SPEC_LIMIT)
+        params = self._get_params(
+            spec,
+            _real(max_spec_factor, "max_spec_factor"),
+            _real(max_spec_offset, "max_spec_offset"),
+            _real(min_token_prob, "min_token_prob"),
+            bool(use_tree_spec),
+        )
+        args = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)
+        if tuple(map(type, args)) == _FAST_TYPES:
+            fast = self._fast_params
+            if len(fast) >= _PARAMS_CACHE_SIZE:
+                fast.clear()
+            fast[args] = params
+        if all(type(a) in _IMMUTABLE or isinstance(a, np.generic) for a in args):
+            # immutable objects: the same objects next time mean the same params
+            self._last = (*args, params)
+        return params
 
     def _get_params(
         self, spec: int, factor: float, offset: float, min_prob: float, tree: bool
@@ -500,3 +557,6 @@ class SuffixDecodingCache:
 
 
 _NONE: Any = object()
+_IMMUTABLE = (int, float, bool, type(None))
+# speculate's argument types whose values can key a dict safely (1, 1.0 and True kept apart)
+_FAST_TYPES = (int, float, float, float, bool)

@@ -500,3 +500,100 @@ def test_float_arguments_accept_numpy_reals_and_name_the_argument() -> None:
     ]:
         with pytest.raises(error, match=f"^{message}"):
             cache.speculate("r", P, 4, **{name: value})
+
+
+# --- per-step fast paths (arguments seen before, numpy contexts, chain parents) ----
+
+
+def test_fast_paths_keep_every_argument_check() -> None:
+    """A call that reuses the last call's argument objects, or equal values of
+    the exact builtin types, drafts as a fresh cache would; values that compare
+    equal across types (1, 1.0, True) are still checked as their own type."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    k, factor = 2, 4.0
+    first = cache.speculate("r", P, k, factor)
+    assert cache.speculate("r", P, k, factor) == first  # the same objects
+    assert cache.speculate("r", P, int("2"), float("4")) == first  # equal values
+    with pytest.raises(TypeError, match="max_spec_tokens must be an int or None, not bool"):
+        cache.speculate("r", P, True, factor)
+    cache.speculate("r", P, 1, 1.0)
+    with pytest.raises(TypeError, match="max_spec_tokens must be an int or None, not float"):
+        cache.speculate("r", P, 1.0, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_spec_factor must be a real number, not bool"):
+        cache.speculate("r", P, 1, True)
+    assert cache.speculate("r", P, 0, factor) == SuffixDecodingDraft()
+    assert cache.speculate("r", P, k, factor) == first
+
+
+def test_mutable_argument_is_checked_again() -> None:
+    """A 0-d numpy array is a valid integer argument, but mutable: changing it
+    in place between calls is seen (nothing is reused by identity)."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    spec = np.array(2, dtype=np.int64)
+    assert cache.speculate("r", P, spec, 4.0).token_ids == [3, 9]
+    spec[()] = 1
+    assert cache.speculate("r", P, spec, 4.0).token_ids == [3]
+    spec[()] = 0
+    assert cache.speculate("r", P, spec, 4.0) == SuffixDecodingDraft()
+
+
+def test_numpy_context_views() -> None:
+    """Slices of a larger int32 array (what vLLM passes) draft like lists; a
+    strided view, a 2-D array and a non-native byte order raise TypeError."""
+    cache = SuffixDecodingCache(DEPTH)
+    cache.start_request("r", P)
+    batch = np.zeros((3, 16), dtype=np.int32)
+    batch[1, 4 : 4 + len(P)] = P
+    view = batch[1, 4 : 4 + len(P)]
+    assert cache.speculate("r", view) == cache.speculate("r", P)
+    wide = np.repeat(np.array(P, dtype=np.int32), 2)
+    for bad, message in [
+        (wide[::2], "C-contiguous"),
+        (np.array([P], dtype=np.int32), "1-D"),
+        (np.array(P, dtype=">i4"), "dtype int32"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            cache.speculate("r", bad)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_parents_describe_the_draft(tree: bool) -> None:
+    """Chain drafts have parents [-1, 0, 1, ...]; tree drafts report the tree's."""
+    cache = SuffixDecodingCache(DEPTH)
+    finished(cache, "old", [0], [1, 2, 3, 9, 1, 2, 3, 7])
+    cache.start_request("new", [5, 1, 2])
+    d = cache.speculate("new", [5, 1, 2], use_tree_spec=tree, max_spec_offset=10.0)
+    if tree:
+        assert d.parents == [-1, 0, 0, 2, 3, 4, 5]
+    else:
+        assert d.parents == list(range(-1, len(d.token_ids) - 1))
+        assert len(d.token_ids) >= 2
+
+
+def test_tail_and_foreign_contexts_agree_across_the_ring() -> None:
+    """The incremental path (context = the request's own tail, its ring buffer
+    wrapped many times) drafts what a from-scratch match of the same patterns
+    drafts; a context that differs from the tail in one token is matched from
+    scratch, never mistaken for the tail."""
+    rng = np.random.default_rng(7)
+    depth = 8
+    cache = SuffixDecodingCache(depth)
+    for r in range(4):  # cached responses with repeats to draft from
+        finished(cache, r, [0], rng.integers(1, 6, 60).tolist())
+    history = rng.integers(1, 6, 5).tolist()
+    cache.start_request("x", history)
+    for _ in range(80):
+        new = rng.integers(1, 6, int(rng.integers(1, 4))).tolist()
+        cache.add_active_response("x", new)
+        history += new
+        tail = np.array(history[-depth:], dtype=np.int32)
+        scratch = [0, *history]  # longer than the request's text: not its tail
+        assert cache.speculate("x", tail, 6, 2.0) == cache.speculate("x", scratch, 6, 2.0)
+        i = int(rng.integers(1, depth))
+        changed = history[:]
+        changed[-i] = 6 + changed[-i]  # a token the request never had
+        assert cache.speculate("x", changed[-depth:], 6, 2.0) == cache.speculate(
+            "x", [0, *changed], 6, 2.0
+        )

@@ -300,15 +300,25 @@ int as_draft(as_cursor *c, const as_tree *global, const as_draft_params *params,
     return as_draft_multi(c, &global, global != NULL ? 1 : 0, params, out);
 }
 
+/* Whether ctx[0..n) ends with the cursor's last min(len, max_depth - 1) tokens
+ * (every pattern length the cursor tracks) and is no longer than its context.
+ * The ring buffer holds them in at most two runs: two memcmp, one division. */
+static int hist_is_tail(const as_cursor *c, const int32_t *ctx, size_t n) {
+    uint64_t need = c->len < c->max_depth - 1 ? c->len : c->max_depth - 1;
+    if (n < need || n > c->len) return 0;
+    if (need == 0) return 1;
+    uint64_t start = (c->len - need) % c->max_depth; /* ring slot of the oldest needed token */
+    uint64_t first = c->max_depth - start < need ? c->max_depth - start : need;
+    const int32_t *want = ctx + (n - need);
+    if (memcmp(want, c->hist + start, (size_t)first * sizeof(int32_t)) != 0) return 0;
+    return memcmp(want + first, c->hist, (size_t)(need - first) * sizeof(int32_t)) == 0;
+}
+
 int as_draft_tail(as_cursor *c, const as_tree *global, const int32_t *ctx, size_t n,
                   const as_draft_params *params, as_draft_out *out) {
     if (c == NULL || out == NULL || (ctx == NULL && n > 0)) return AS_ERR_INVALID_ARG;
     int rc = tokens_valid(ctx, n);
     if (rc != AS_OK) return rc;
-    uint64_t need = c->len < c->max_depth - 1 ? c->len : c->max_depth - 1;
-    int tail = n >= need && n <= c->len;
-    for (uint64_t i = 1; tail && i <= need; i++)
-        tail = ctx[n - i] == c->hist[(c->len - i) % c->max_depth];
-    if (tail) return as_draft(c, global, params, out);
+    if (hist_is_tail(c, ctx, n)) return as_draft(c, global, params, out);
     return as_draft_context(global, c->local, ctx, n, params, out);
 }
