@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -136,6 +137,7 @@ class Result:
     tpots: list[float] = field(default_factory=list)
     errors: int = 0
     round_tpots: list[float] = field(default_factory=list)  # per round, when merged
+    round_throughputs: list[float] = field(default_factory=list)  # tok/s per round, merged
     # per request, in prompt order (rounds one after another): output ids and
     # client-counted steps, None when the request failed
     outputs: list[tuple[tuple[int, ...], int] | None] = field(default_factory=list)
@@ -146,6 +148,13 @@ class Result:
         if not self.round_tpots:
             return self.tpot_ms
         return statistics.median(self.round_tpots)
+
+    @property
+    def throughput_round_median(self) -> float:
+        """Median over rounds of each round's tok/s (just tok/s for one round)."""
+        if not self.round_throughputs:
+            return self.throughput
+        return statistics.median(self.round_throughputs)
 
     @property
     def step_count(self) -> float:
@@ -216,6 +225,7 @@ def merge_results(rounds: list[Result]) -> Result:
         out.tpots += r.tpots
         out.errors += r.errors
         out.round_tpots.append(r.tpot_ms)
+        out.round_throughputs.append(r.throughput)
         out.outputs += r.outputs
     return out
 
@@ -607,8 +617,9 @@ def report_same_outputs(table: dict[int, tuple[int, int, dict[str, float]]]) -> 
 
 
 def report_rounds(results: list[Result]) -> None:
-    """Each round's TPOT per method and level, their median, and at each level the
-    method with the lowest median."""
+    """Each round's TPOT and tok/s per method and level, their medians, and at
+    each level the method with the lowest median TPOT and the highest median
+    tok/s; then each method's median tok/s relative to ``none``."""
     levels = sorted({r.concurrency for r in results})
     print("\nTPOT ms per round (median of rounds in brackets; * lowest median at that level)")
     best = {
@@ -621,6 +632,32 @@ def report_rounds(results: list[Result]) -> None:
         print(
             f"{r.method:17s} c={r.concurrency:<3d} {rounds}  [{r.tpot_round_median_ms:6.1f}]{mark}"
         )
+    print("\ntok/s per round (median of rounds in brackets; * highest median at that level)")
+    top = {
+        c: max((r for r in results if r.concurrency == c), key=lambda r: r.throughput_round_median)
+        for c in levels
+    }
+    for r in results:
+        rounds = " ".join(f"{t:6.1f}" for t in r.round_throughputs)
+        mark = "*" if top[r.concurrency] is r else " "
+        print(
+            f"{r.method:17s} c={r.concurrency:<3d} {rounds}  "
+            f"[{r.throughput_round_median:6.1f}]{mark}"
+        )
+    base = {r.concurrency: r for r in results if r.method == "none"}
+    if base:
+        print("\nmedian tok/s relative to none, per level")
+        print(f"{'method':17s} " + " ".join(f"{'c=' + str(c):>7s}" for c in levels))
+        for m in dict.fromkeys(r.method for r in results):
+            cells = []
+            for c in levels:
+                r = next((x for x in results if (x.method, x.concurrency) == (m, c)), None)
+                b = base.get(c)
+                ratio = math.nan
+                if r is not None and b is not None and b.throughput_round_median > 0:
+                    ratio = r.throughput_round_median / b.throughput_round_median
+                cells.append(f"{ratio:7.2f}")
+            print(f"{m:17s} " + " ".join(cells))
 
 
 def has_arctic(python: str) -> bool:
@@ -865,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
                         "throughput": r.throughput,
                         "errors": r.errors,
                         "round_tpot_ms": r.round_tpots,
+                        "round_throughput": r.round_throughputs,
                         "same_output_requests": same[r.concurrency][0]
                         if r.concurrency in same
                         else None,

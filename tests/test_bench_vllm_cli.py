@@ -321,7 +321,10 @@ def test_merge_results_pools_counts_and_keeps_round_tpots() -> None:
     a = bench.Result("suffix", 8, requests=2, tokens=100, steps=40, tpots=[0.010, 0.030])
     b = bench.Result("suffix", 8, requests=2, tokens=60, steps=20, tpots=[0.050, 0.070])
     c = bench.Result("suffix", 8, requests=1, tokens=10, steps=5, tpots=[0.040], errors=1)
+    a.wall, b.wall, c.wall = 2.0, 1.0, 0.5
     m = bench.merge_results([a, b, c])
+    assert m.round_throughputs == pytest.approx([50.0, 60.0, 20.0])
+    assert m.throughput_round_median == pytest.approx(50.0)
     assert (m.requests, m.tokens, m.steps, m.errors) == (5, 170, 65, 1)
     assert m.tok_per_step == 170 / 65
     assert m.tpot_ms == 40.0  # the median request over all rounds
@@ -353,3 +356,20 @@ def test_merge_results_keeps_every_rounds_outputs_in_order() -> None:
     r1 = bench.Result("agentspec", 1, outputs=[((1,), 1)])
     r2 = bench.Result("agentspec", 1, outputs=[((2,), 1)])
     assert bench.merge_results([r1, r2]).outputs == [((1,), 1), ((2,), 1)]
+
+
+def test_report_rounds_prints_throughput_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load_bench()
+    rounds = []
+    for method, walls in [("none", (2.0, 2.0, 4.0)), ("agentspec", (1.0, 0.5, 1.0))]:
+        for wall in walls:
+            rounds.append(bench.Result(method, 8, requests=1, tokens=100, wall=wall, tpots=[0.02]))
+    results = [
+        bench.merge_results([r for r in rounds if r.method == m]) for m in ("none", "agentspec")
+    ]
+    bench.report_rounds(results)
+    out = capsys.readouterr().out
+    assert "tok/s per round" in out
+    assert "[ 100.0]*" in out  # agentspec's median tok/s is the level's highest
+    # median tok/s relative to none: 100 / 50
+    assert any(line.split() == ["agentspec", "2.00"] for line in out.splitlines())
