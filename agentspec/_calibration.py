@@ -108,17 +108,25 @@ class AcceptanceCalibrator:
         Tokens ``0..accepted-1`` count as accepted, token ``accepted`` (if
         drafted) as rejected; later tokens were never verified on their own.
         """
+        n = max(0, accepted)
+        self.observe_outcomes(group, [(p, i < n) for i, p in enumerate(probs[: n + 1])])
+
+    def observe_outcomes(self, group: Hashable, outcomes: Sequence[tuple[float, bool]]) -> None:
+        """Record verified draft tokens: per token its conditional probability and
+        whether it was accepted (for a tree, each child of an accepted node)."""
+        if not outcomes:
+            return
         rows = self._counts.get(group)
         if rows is None:
             rows = self._counts[group] = [[0.0, 0.0, 0.0] for _ in range(self.buckets)]
-        for i, p in enumerate(probs[: accepted + 1]):
+        for p, ok in outcomes:
             row = rows[self._bucket(p)]
             if row[0] >= self.horizon:
                 row[0] *= 0.5
                 row[1] *= 0.5
                 row[2] *= 0.5
             row[0] += 1.0
-            row[1] += 1.0 if i < accepted else 0.0
+            row[1] += 1.0 if ok else 0.0
             row[2] += p
 
     def groups(self) -> list[Hashable]:

@@ -39,7 +39,8 @@ each draft's probabilities (`AcceptanceCalibrator`, per group such as
 step-cost model, and trims the drafts (a tree draft keeps its most
 probable nodes, every kept node's parent included).  The engine reports
 back what each step verified (`GoodputController.observe_step`) and how
-much of each draft was accepted (`GoodputController.observe_accepted`).
+much of each draft was accepted (`GoodputController.observe_accepted` for a
+chain, `GoodputController.observe_verified` for a chain or a tree).
 Until the cost model is ready, drafts pass through unchanged, so a
 controller never does worse than the fixed policy for lack of data.
 """
@@ -266,8 +267,8 @@ class GoodputController:
         """Report that the first ``accepted`` tokens of a verified chain ``draft`` were kept.
 
         Only the verified prefix is read (the accepted tokens and the first
-        rejected one).  Tree drafts are reported along their accepted path
-        by the caller (as a chain); a prefix of another shape is ignored.
+        rejected one).  For a tree draft use `observe_verified` with the
+        tokens the engine emitted; a prefix of another shape is ignored here.
         """
         n = min(max(0, accepted) + 1, len(draft.token_ids))
         parents, probs = draft.parents, draft.probs
@@ -282,6 +283,51 @@ class GoodputController:
             prev = p
         if cond:
             self.calibrator.observe(group, cond, min(max(0, accepted), n))
+
+    def observe_verified(self, group: Hashable, draft: Draft, tokens: Sequence[int]) -> int:
+        """Report a verified draft (chain or tree) and the tokens the engine emitted
+        after it; returns how many draft tokens were accepted.
+
+        The accepted path is followed from the context: at each accepted node
+        every child was verified, the one equal to the next emitted token
+        accepted and its siblings rejected (mutually exclusive outcomes, each
+        scored against its own conditional probability).  The walk stops where
+        the emitted tokens end (nothing is known past them).
+        """
+        ids, parents = draft.token_ids, draft.parents
+        if not ids:
+            return 0
+        if all(j == i - 1 for i, j in enumerate(parents)):  # a chain: compare the prefix
+            n = min(len(ids), len(tokens))
+            k = 0
+            while k < n and ids[k] == tokens[k]:
+                k += 1
+            verified = k + 1 if k < n else k  # a rejection only where a token was compared
+            cond = conditional_probs(draft.probs[:verified], parents[:verified])
+            self.calibrator.observe_outcomes(group, [(c, i < k) for i, c in enumerate(cond)])
+            return k
+        cond = conditional_probs(draft.probs, parents)
+        children: dict[int, list[int]] = {}
+        for i, j in enumerate(parents):
+            children.setdefault(j, []).append(i)
+        outcomes: list[tuple[float, bool]] = []
+        node, k = -1, 0
+        while k < len(tokens):
+            kids = children.get(node)
+            if not kids:
+                break
+            want = tokens[k]
+            nxt = -1
+            for c in kids:
+                ok = nxt < 0 and ids[c] == want
+                outcomes.append((cond[c], ok))
+                if ok:
+                    nxt = c
+            if nxt < 0:
+                break
+            node, k = nxt, k + 1
+        self.calibrator.observe_outcomes(group, outcomes)
+        return k
 
     def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
         """Report a verification step: ``batch`` requests, ``tokens`` verified, its time."""

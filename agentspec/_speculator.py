@@ -126,6 +126,23 @@ def _group(req: _Request, draft: Draft) -> tuple[ShardKey, str, int]:
     return req.key, draft.source, min(draft.match_len, 64).bit_length()
 
 
+def _control(
+    ctl: GoodputController,
+    reqs: Sequence[_Request],
+    drafts: list[Draft],
+    caps: Sequence[int] | None,
+) -> list[Draft]:
+    """Cut drafts with the goodput controller; remember them for `extend`."""
+    if caps is None and not ctl.active:  # the fixed policy, at the least cost
+        for r, d in zip(reqs, drafts, strict=True):
+            r.last = d if d.token_ids else None
+        return drafts
+    out = ctl.trim(drafts, [_group(r, d) for r, d in zip(reqs, drafts, strict=True)], caps)
+    for r, d in zip(reqs, out, strict=True):
+        r.last = d if d.token_ids else None
+    return out
+
+
 class Speculator:
     """Drafting with stage shards, per-request trees and online learning.
 
@@ -311,7 +328,7 @@ class Speculator:
         if extra_trees:
             trees = self._with_extra(trees, extra_trees)
         d = req.cursor._draft_multi(trees, p, self._handles)[0]
-        return d if self._goodput is None else self._control([req], [d], None)[0]
+        return d if self._goodput is None else _control(self._goodput, [req], [d], None)[0]
 
     def draft_source(
         self,
@@ -327,7 +344,9 @@ class Speculator:
         trees = self._with_extra(own, extra_trees)
         draft, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
         name = self._source_name(req, own, draft, index)
-        return draft if self._goodput is None else self._control([req], [draft], None)[0], name
+        if self._goodput is not None:
+            draft = _control(self._goodput, [req], [draft], None)[0]
+        return draft, name
 
     def draft_batch(
         self,
@@ -357,10 +376,16 @@ class Speculator:
         *,
         caps: Sequence[int] | None = None,
         extra_trees: Sequence[Sequence[SuffixTree]] | None = None,
+        control: bool = True,
     ) -> list[tuple[Draft, str]]:
         """`draft_batch`, plus per request the tree its draft came from (as
-        `draft_source` names it)."""
-        return self._draft_batch(req_ids, params, caps, extra_trees)
+        `draft_source` names it).
+
+        ``control=False`` returns the drafts before goodput control (within
+        ``caps``): for an engine whose step also holds other speculators'
+        requests, which then cuts the whole step at once with `control_step`.
+        """
+        return self._draft_batch(req_ids, params, caps, extra_trees, control=control)
 
     def _draft_batch(
         self,
@@ -368,6 +393,8 @@ class Speculator:
         params: DraftParams | None,
         caps: Sequence[int] | None,
         extra_trees: Sequence[Sequence[SuffixTree]] | None,
+        *,
+        control: bool = True,
     ) -> list[tuple[Draft, str]]:
         ids = list(req_ids)
         if not ids:
@@ -378,7 +405,7 @@ class Speculator:
             raise InvalidArgumentError(
                 f"extra_trees must have one entry per request ({len(ids)}), not {len(extra_trees)}"
             )
-        if len(ids) == 1 and caps is None:  # one request: the single call is cheaper
+        if len(ids) == 1 and caps is None and control:  # one request: the single call is cheaper
             extra = () if extra_trees is None else extra_trees[0]
             return [self.draft_source(ids[0], params, extra_trees=extra)]
         reqs = [self._request(r) for r in ids]
@@ -392,8 +419,8 @@ class Speculator:
         drafter = self._batcher(params or self._params, len(ids))
         rows = drafter._draft_rows([req.cursor for req in reqs], trees, None, [], checked)
         drafts = [d for d, _ in rows]
-        if self._goodput is not None:
-            drafts = self._control(reqs, drafts, checked)
+        if self._goodput is not None and control:
+            drafts = _control(self._goodput, reqs, drafts, checked)
         return [
             (draft, self._source_name(req, own, raw, index))
             for req, own, draft, (raw, index) in zip(reqs, owns, drafts, rows, strict=True)
@@ -415,34 +442,58 @@ class Speculator:
         if self._goodput is not None:
             self._goodput.observe_step(as_int(batch, "batch"), as_int(tokens, "tokens"), seconds)
 
-    def _control(
-        self, reqs: Sequence[_Request], drafts: list[Draft], caps: Sequence[int] | None
-    ) -> list[Draft]:
-        """Cut drafts with the goodput controller; remember them for `extend`."""
-        ctl = self._goodput
-        assert ctl is not None
-        if caps is None and not ctl.active:  # the fixed policy, at the least cost
-            for r, d in zip(reqs, drafts, strict=True):
-                r.last = d if d.token_ids else None
-            return drafts
-        out = ctl.trim(drafts, [_group(r, d) for r, d in zip(reqs, drafts, strict=True)], caps)
-        for r, d in zip(reqs, out, strict=True):
-            r.last = d if d.token_ids else None
+    @staticmethod
+    def control_step(
+        parts: Sequence[tuple[Speculator, Sequence[Hashable], Sequence[Draft]]],
+    ) -> list[list[Draft]]:
+        """Cut one engine step's drafts together, across speculators.
+
+        ``parts``: per speculator, request ids and their drafts from
+        ``draft_batch_source(..., control=False)``.  Every speculator must
+        share one `GoodputController` (the step's cost is the engine's, not a
+        tenant's): the allocation then weighs every request of the step
+        against the others, as one `draft_batch` does within a speculator.
+        Returns the cut drafts in the same shape, and remembers them for
+        `extend` (the acceptance calibration).
+
+        Raises:
+            InvalidArgumentError: speculators with different controllers,
+                ids and drafts of different lengths, or an unknown request.
+        """
+        ctl: GoodputController | None = None
+        reqs: list[_Request] = []
+        drafts: list[Draft] = []
+        for spec, ids, ds in parts:
+            if spec._goodput is None or (ctl is not None and spec._goodput is not ctl):
+                raise InvalidArgumentError(
+                    "control_step needs speculators sharing one GoodputController"
+                )
+            ctl = spec._goodput
+            if len(ids) != len(ds):
+                raise InvalidArgumentError(
+                    f"{len(ids)} request ids but {len(ds)} drafts in one part of the step"
+                )
+            reqs += [spec._request(r) for r in ids]
+            drafts += ds
+        if ctl is None:
+            return []
+        cut = _control(ctl, reqs, drafts, None)
+        out: list[list[Draft]] = []
+        start = 0
+        for _, ids, _ in parts:
+            out.append(cut[start : start + len(ids)])
+            start += len(ids)
         return out
 
     def _report(self, req: _Request, tokens: Any) -> None:
-        """Tell the controller how much of the request's last draft ``tokens`` accepted."""
+        """Tell the controller how much of the request's last draft ``tokens`` accepted
+        (a tree draft along the path the tokens took)."""
         d = req.last
         req.last = None
         ctl = self._goodput
         if d is None or ctl is None:
             return
-        want = d.token_ids
-        accepted = 0
-        limit = min(len(want), len(tokens))
-        while accepted < limit and want[accepted] == tokens[accepted]:
-            accepted += 1
-        ctl.observe_accepted(_group(req, d), d, accepted)
+        ctl.observe_verified(_group(req, d), d, tokens)
 
     def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
         """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""

@@ -93,3 +93,73 @@ def test_greedy_is_optimal_against_brute_force_and_respects_caps():
             )
         )
         assert _goodput(probs, got, m) == pytest.approx(best, rel=1e-9), trial
+
+
+# --- acceptance reports: chains and trees -------------------------------------
+
+
+def _verified(ctl, group):
+    """(verified, accepted) per bucket lower edge, non-empty buckets only."""
+    return {
+        round(b.low, 1): (b.verified, b.accepted) for b in ctl.calibrator.table(group) if b.verified
+    }
+
+
+def test_a_tree_draft_reports_every_verified_child_along_the_accepted_path():
+    from agentspec import Draft, GoodputController
+
+    # context -> 3 (p .5) or 4 (p .25); 3 -> 7 (path .375, cond .75) or 9 (path .0625,
+    # cond .125): binary fractions, so every bucket is exact
+    tree = Draft([3, 4, 7, 9], [-1, -1, 0, 0], [0.5, 0.25, 0.375, 0.0625], 1.1875, 2, "global")
+    ctl = GoodputController()
+    # emitted 3 then 9: 3 accepted (4 rejected), then 9 accepted (7 rejected); 9 has no children
+    assert ctl.observe_verified("g", tree, [3, 9, 5]) == 2
+    assert _verified(ctl, "g") == {0.5: (1, 1), 0.2: (1, 0), 0.7: (1, 0), 0.1: (1, 1)}
+    ctl = GoodputController()
+    # emitted 5: both first-level children rejected, nothing below them verified
+    assert ctl.observe_verified("g", tree, [5]) == 0
+    assert _verified(ctl, "g") == {0.5: (1, 0), 0.2: (1, 0)}
+    ctl = GoodputController()
+    # emitted 3 and nothing after: 3's children were not verified yet
+    assert ctl.observe_verified("g", tree, [3]) == 1
+    assert _verified(ctl, "g") == {0.5: (1, 1), 0.2: (1, 0)}
+
+
+def test_a_chain_report_equals_observe_accepted_and_stops_where_tokens_end():
+    from agentspec import Draft, GoodputController
+
+    # conditional probabilities .875, .5, .25, .5
+    chain = Draft(
+        [5, 6, 7, 8], [-1, 0, 1, 2], [0.875, 0.4375, 0.109375, 0.0546875], 1.5, 4, "local"
+    )
+    a, b = GoodputController(), GoodputController()
+    assert a.observe_verified("g", chain, [5, 6, 1]) == 2
+    b.observe_accepted("g", chain, 2)
+    assert _verified(a, "g") == _verified(b, "g") == {0.8: (1, 1), 0.5: (1, 1), 0.2: (1, 0)}
+    c = GoodputController()
+    assert c.observe_verified("g", chain, [5, 6]) == 2  # the third token was never compared
+    assert _verified(c, "g") == {0.8: (1, 1), 0.5: (1, 1)}
+    assert c.observe_verified("g", Draft([], [], [], 0.0, 0, "none"), [1]) == 0
+
+
+def test_speculator_tree_drafts_feed_the_calibrator():
+    from agentspec import DraftParams, GoodputController, Speculator
+
+    ctl = GoodputController()
+    spec = Speculator(
+        16,
+        params=DraftParams(max_spec_tokens=8, tree=True, min_token_prob=0.0, alpha=4.0),
+        goodput=ctl,
+    )
+    for i, answer in enumerate([[5, 6, 7], [5, 6, 7], [5, 9, 9]]):
+        spec.start_request(i, [1, 2], stage="s")
+        spec.extend(i, answer)
+        spec.finish(i)
+    spec.start_request("r", [1, 2], stage="s")
+    d = spec.draft("r")
+    assert any(j != i - 1 for i, j in enumerate(d.parents))  # a real tree
+    spec.extend("r", [5, 9, 1])
+    (group,) = ctl.calibrator.groups()
+    rows = ctl.calibrator.table(group)
+    assert sum(b.verified for b in rows) >= 3  # 5, then both of its children
+    assert sum(b.accepted for b in rows) == 2  # 5 and 9

@@ -114,3 +114,69 @@ def test_observe_step_and_bad_goodput_values():
     Speculator(8, goodput=False).observe_step(1, 1, 0.01)  # no controller: ignored
     with pytest.raises(TypeError, match="goodput"):
         Speculator(8, goodput="yes")  # type: ignore[arg-type]
+
+
+def test_control_step_cuts_several_speculators_as_one_batch():
+    """Tenants' speculators sharing one controller: their step is allocated as one
+    batch (what `GoodputController.trim` gives for all the drafts together), and
+    each speculator remembers its requests' cut drafts for `extend`."""
+    # Per step 10 ms, per request 1 ms, per verified token 15 ms; first tokens at p = 2/3.
+    # Alone, a request's draft pays (2/3 x 41 ms > 15 ms); in a step of three it
+    # does not (2/3 x 73 ms < 3 x 15 ms): only a step-wide allocation cuts it.
+    ctl = GoodputController(cost=_cost(0.015))
+    specs = [_trained(ctl), _trained(ctl)]
+    for i, spec in enumerate(specs):  # a second answer: doubtful first tokens
+        for j in range(3):
+            spec.start_request(("alt", j), [1, 2, 3], stage="sql")
+            spec.extend(("alt", j), [60 + i, 61, 62])
+            spec.finish(("alt", j))
+    ids = [["a", "b"], ["c"]]
+    raw: list[list] = []
+    for spec, rids in zip(specs, ids, strict=True):
+        for rid in rids:
+            spec.start_request(rid, [1, 2, 3], stage="sql")
+        rows = spec.draft_batch_source(rids, caps=[8] * len(rids), control=False)
+        raw.append([d for d, _ in rows])
+    # as the fixed policy drafts (alpha x match length), not cut
+    assert all(d.token_ids == ANSWER[:3] for part in raw for d in part)
+    from agentspec._speculator import _group
+
+    groups = [
+        _group(spec._request(rid), d)
+        for spec, rids, part in zip(specs, ids, raw, strict=True)
+        for rid, d in zip(rids, part, strict=True)
+    ]
+    whole = ctl.trim([d for part in raw for d in part], groups)
+    cut = Speculator.control_step(list(zip(specs, ids, raw, strict=True)))
+    assert [d.token_ids for part in cut for d in part] == [d.token_ids for d in whole]
+    assert [d.token_ids for d in whole] == [[], [], []]
+    assert ctl.trim(raw[1], groups[2:])[0].token_ids == ANSWER[:3]  # alone it would draft
+    before = sum(b.verified for g in ctl.calibrator.groups() for b in ctl.calibrator.table(g))
+    specs[1].extend("c", [ANSWER[0], 99])  # the cut draft is what gets reported
+    after = sum(b.verified for g in ctl.calibrator.groups() for b in ctl.calibrator.table(g))
+    assert after == before  # nothing was drafted for "c": nothing to report
+
+
+def test_control_step_refuses_mixed_controllers_and_bad_shapes():
+    a, b = _trained(GoodputController()), _trained(GoodputController())
+    a.start_request("x", [1, 2, 3], stage="sql")
+    b.start_request("y", [1, 2, 3], stage="sql")
+    dx = a.draft_batch_source(["x"], control=False)[0][0]
+    dy = b.draft_batch_source(["y"], control=False)[0][0]
+    with pytest.raises(ValueError, match="sharing one GoodputController"):
+        Speculator.control_step([(a, ["x"], [dx]), (b, ["y"], [dy])])
+    with pytest.raises(ValueError, match="sharing one GoodputController"):
+        Speculator.control_step([(_trained(False), ["x"], [dx])])
+    with pytest.raises(ValueError, match="1 request ids but 2 drafts"):
+        Speculator.control_step([(a, ["x"], [dx, dx])])
+    with pytest.raises(ValueError, match="not active"):
+        Speculator.control_step([(a, ["nope"], [dx])])
+    assert Speculator.control_step([]) == []
+    assert Speculator.control_step([(a, ["x"], [dx])]) == [[dx]]  # no step cost yet: as drafted
+    assert dx.token_ids == ANSWER[:3]
+    a.extend("x", [ANSWER[0], 99])  # the draft control_step returned is the one reported
+    ctl = a.goodput
+    assert ctl is not None
+    tables = [ctl.calibrator.table(g) for g in ctl.calibrator.groups()]
+    assert sum(b.verified for t in tables for b in t) == 2
+    assert sum(b.accepted for t in tables for b in t) == 1

@@ -261,9 +261,21 @@ class AgentSpecProposer:
             if cap > 0:
                 wanted.setdefault(act.key[0], []).append((i, req_id, act, cap))
         self._time_step(now, frozenset(decoding))
-        for tenant, rows in wanted.items():
-            drafts = self._draft_rows(self._tenants[tenant], rows)
-            for (i, _rid, act, _cap), (draft, source) in zip(rows, drafts, strict=True):
+        # Draft per tenant, then cut the whole step's drafts at once: the
+        # goodput allocation weighs every request of the step (the verification
+        # cost is the batch's, whichever tenants it mixes).
+        parts = [
+            (self._tenants[t], rows, self._draft_rows(self._tenants[t], rows))
+            for t, rows in wanted.items()
+        ]
+        cut = Speculator.control_step(
+            [
+                (spec, [rid for _, rid, _, _ in rows], [d for d, _ in drafts])
+                for spec, rows, drafts in parts
+            ]
+        )
+        for (_spec, rows, drafts), kept in zip(parts, cut, strict=True):
+            for (i, _rid, act, _cap), (_raw, source), draft in zip(rows, drafts, kept, strict=True):
                 out[i] = self._record(act, draft, source)
         self._last_tokens = len(decoding) + sum(len(d) for d in out)
         return out
@@ -342,7 +354,8 @@ class AgentSpecProposer:
         self, spec: Speculator, rows: list[tuple[int, str, _Active, int]]
     ) -> list[tuple[Draft, str]]:
         """Draft for one tenant's rows in one native call, each from its request's
-        trees plus its stage's pushed shard, with at most its cap tokens."""
+        trees plus its stage's pushed shard, with at most its cap tokens (before
+        goodput control, which `propose` applies to the whole step)."""
         params = self._params.get(self.num_speculative_tokens)
         if params is None:
             params = self._params[self.num_speculative_tokens] = DraftParams(
@@ -360,9 +373,9 @@ class AgentSpecProposer:
             shared = None if fleet is None else fleet.tree(act.key)
             extra.append(tuple(t for t in (pushed, shared) if t is not None))
         try:
-            return spec.draft_batch_source(ids, params, caps=caps, extra_trees=extra)
+            return spec.draft_batch_source(ids, params, caps=caps, extra_trees=extra, control=False)
         except RuntimeError:  # a pushed (or fleet) tree is being modified right now
-            return spec.draft_batch_source(ids, params, caps=caps)
+            return spec.draft_batch_source(ids, params, caps=caps, control=False)
 
     def _tags(self, state: Any) -> tuple[ShardKey, str | None]:
         """The shard key and session of a request, from its sampling params' extra_args."""
