@@ -763,7 +763,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens (default 8)")
     p.add_argument("--max-tokens", type=int, default=96, help="max tokens per request")
     p.add_argument("--warmup-sessions", type=int, default=40)
-    p.add_argument("--requests", type=int, default=32, help="measured requests per level")
+    p.add_argument(
+        "--requests",
+        default="32",
+        help="measured requests per level: one count, or one per --concurrency level "
+        "(e.g. 16,64,64,64: fewer where one request at a time is slow)",
+    )
     p.add_argument("--concurrency", default="1,8", help="levels, e.g. 1,8,32")
     p.add_argument("--max-prompt-chars", type=int, default=4000)
     p.add_argument(
@@ -819,12 +824,31 @@ def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+def requests_per_level(spec: str, levels: list[int]) -> dict[int, int]:
+    """``--requests``: one count for every level, or one per level (sorted levels)."""
+    try:
+        counts = [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ValueError("expected a count or comma-separated counts") from None
+    if len(counts) == 1:
+        counts = counts * len(levels)
+    if len(counts) != len(levels):
+        raise ValueError(f"{len(counts)} counts for {len(levels)} concurrency levels")
+    if any(n < 1 for n in counts):
+        raise ValueError("counts must be at least 1")
+    return dict(zip(levels, counts, strict=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = parse_args(p, argv)
     if args.quick:
-        args.warmup_sessions, args.requests, args.max_tokens = 10, 12, 48
+        args.warmup_sessions, args.requests, args.max_tokens = 10, "12", 48
     levels = sorted({int(c) for c in args.concurrency.split(",")})
+    try:
+        counts = requests_per_level(args.requests, levels)
+    except ValueError as e:
+        p.error(f"--requests {args.requests}: {e}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - set(ALL_METHODS)
     if unknown:
@@ -839,8 +863,12 @@ def main(argv: list[str] | None = None) -> int:
     sessions = load_prompts(args.trace, args.max_prompt_chars)
     warm = [q for s in sessions[: args.warmup_sessions] for q in s]
     rest = [q for s in sessions[args.warmup_sessions :] for q in s]
-    evals = {c: rest[i * args.requests : (i + 1) * args.requests] for i, c in enumerate(levels)}
-    if any(len(v) < args.requests for v in evals.values()):
+    evals: dict[int, list[Prompt]] = {}
+    start = 0
+    for c in levels:
+        evals[c] = rest[start : start + counts[c]]
+        start += counts[c]
+    if any(len(evals[c]) < counts[c] for c in levels):
         p.error("the trace has too few sessions for these settings")
     model = ensure_default_model() if args.model is None else args.model.resolve()
     served = args.served_name or (MODEL_NAME if args.model is None else model.name)
@@ -861,8 +889,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; server args {' '.join(cfg.extra)}" if cfg.extra else "")
     )
     print(
-        f"trace {args.trace.name}: {len(warm)} warm-up requests, {args.requests} measured per "
-        f"level {levels}, max_tokens {args.max_tokens}, k={args.k}; logs in {args.log_dir}"
+        f"trace {args.trace.name}: {len(warm)} warm-up requests, measured per level "
+        f"{', '.join(f'c={c}: {counts[c]}' for c in levels)}, max_tokens {args.max_tokens}, "
+        f"k={args.k}; logs in {args.log_dir}"
     )
     per_round: list[Result] = []
     for r in range(args.rounds):

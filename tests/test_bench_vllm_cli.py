@@ -373,3 +373,16 @@ def test_report_rounds_prints_throughput_ratios(capsys: pytest.CaptureFixture[st
     assert "[ 100.0]*" in out  # agentspec's median tok/s is the level's highest
     # median tok/s relative to none: 100 / 50
     assert any(line.split() == ["agentspec", "2.00"] for line in out.splitlines())
+
+
+def test_requests_per_level_takes_one_count_or_one_per_level() -> None:
+    bench = _load_bench()
+    assert bench.requests_per_level("32", [1, 8]) == {1: 32, 8: 32}
+    assert bench.requests_per_level("16,64,64", [1, 8, 64]) == {1: 16, 8: 64, 64: 64}
+    for bad, message in [
+        ("16,64", "2 counts for 3"),
+        ("x", "comma-separated"),
+        ("0", "at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            bench.requests_per_level(bad, [1, 8, 64])
