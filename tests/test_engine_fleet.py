@@ -26,7 +26,6 @@ from agentspec._fleet_config import FleetConfig  # noqa: E402
 from agentspec._fleet_names import FleetKeys, tenant_acl_pattern  # noqa: E402
 from agentspec.engine import EngineOptions, EngineServer  # noqa: E402
 from agentspec.engine._fleet import EngineFleet, fleet_tenants_for  # noqa: E402
-from agentspec.models import ensure_default_model, load_model  # noqa: E402
 
 pytestmark = requires_redis_server
 
@@ -35,12 +34,6 @@ WAIT = 60.0
 PASSWORD = "engine-S3cret-pw"
 PROMPT = "Write a SQL query that selects all rows from a table named users."
 CFG = FleetConfig(max_depth=64, max_shard_tokens=100_000)
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch.set_num_threads(1)  # 2 shared cores: avoid OpenMP oversubscription
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
 
 
 def _chat(srv: EngineServer, *, speculate: bool = True, request_id: str | None = None) -> Any:

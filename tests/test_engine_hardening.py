@@ -57,19 +57,12 @@ from agentspec.engine import (  # noqa: E402
 from agentspec.engine._chat import max_token_bytes  # noqa: E402
 from agentspec.engine._server import MAX_REQUEST_BYTES  # noqa: E402
 from agentspec.exceptions import InvalidTokenError  # noqa: E402
-from agentspec.models import ensure_default_model, load_model  # noqa: E402
 
 MODEL = "smollm2-135m"
 VOCAB = 49152  # SmolLM2's vocabulary
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 PROMPT = "Write a SQL query that selects all rows from a table named users."
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch.set_num_threads(1)  # 2 shared cores: avoid OpenMP oversubscription
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

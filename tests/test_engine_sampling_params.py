@@ -182,7 +182,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentspec.engine import EngineOptions, EngineServer, Verifier  # noqa: E402
-from agentspec.models import ensure_default_model, load_model  # noqa: E402
 
 N_TOKENS = 20
 
@@ -211,12 +210,6 @@ def _params(case: dict[str, Any], temperature: float) -> SamplingParams:
     if "logit_bias" in kw:
         kw["logit_bias"] = tuple((int(k), float(v)) for k, v in kw["logit_bias"].items())
     return SamplingParams(temperature=temperature, **kw)
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch.set_num_threads(1)
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

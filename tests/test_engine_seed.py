@@ -200,13 +200,6 @@ from agentspec.engine import (  # noqa: E402
     EngineServer,
     GenerationRequest,
 )
-from agentspec.models import ensure_default_model, load_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch.set_num_threads(1)
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

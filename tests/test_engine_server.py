@@ -24,7 +24,6 @@ openai = pytest.importorskip("openai")
 
 from agentspec import AgentSpecClient, ShardPusher, ShardStore  # noqa: E402
 from agentspec.engine import EngineOptions, EngineServer, TextDecoder  # noqa: E402
-from agentspec.models import ensure_default_model, load_model  # noqa: E402
 
 MAX_NEW = 20
 CHAT_PROMPTS = [
@@ -34,12 +33,6 @@ CHAT_PROMPTS = [
 ]
 TEXT_PROMPTS = ["def fibonacci(n):\n    ", "The three primary colors are"]
 COUNT = "Count from 1 to 10, separated by commas."
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch.set_num_threads(1)  # 2 shared cores: avoid OpenMP oversubscription
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")

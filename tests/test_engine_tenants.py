@@ -94,16 +94,6 @@ def test_bearer_token() -> None:
 # --- the server (real model) -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from agentspec.models import ensure_default_model, load_model
-
-    torch.set_num_threads(1)  # 2 shared cores: avoid OpenMP oversubscription
-    return load_model(ensure_default_model())  # type: ignore[no-any-return]
-
-
 def _create(model_tok: tuple[Any, Any], **kw: Any) -> Any:
     from agentspec.engine import EngineOptions, EngineServer
 

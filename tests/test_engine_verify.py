@@ -30,7 +30,6 @@ from agentspec.engine import (  # noqa: E402
     target_probs,
 )
 from agentspec.exceptions import InvalidArgumentError, InvalidTokenError  # noqa: E402
-from agentspec.models import load_model  # noqa: E402
 
 PROMPTS = [
     "List three colors of the rainbow.",
@@ -43,12 +42,6 @@ PROMPTS = [
     "Write a SQL query that selects all rows from a table named users.",
 ]
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def model_tok():
-    torch.set_num_threads(1)  # the test machine's cores are shared: avoid OpenMP oversubscription
-    return load_model("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
