@@ -10,7 +10,7 @@ from redis_server import RedisServer, requires_redis_server
 
 from agentspec.__main__ import main
 from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_names import tenant_acl_pattern
+from agentspec._fleet_names import tenant_acl_rules
 from agentspec._fleet_pub import FleetPublisher, PublishStatus
 from agentspec._fleet_sub import FleetSubscriber
 
@@ -27,9 +27,8 @@ def populated():
     with RedisServer(tcp=True) as server:
         admin = server.client()
         admin.execute_command(
-            "ACL", "SETUSER", "alice", "on", f">{PASSWORD}", "resetkeys",
-            tenant_acl_pattern("alice"), "+@all", "-@dangerous",
-        )  # fmt: skip
+            "ACL", "SETUSER", "alice", "on", f">{PASSWORD}", *tenant_acl_rules("alice")
+        )
         admin.close()
         url = server.url_for("alice", PASSWORD, tcp=True)
         with (

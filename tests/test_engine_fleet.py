@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentspec._fleet_config import FleetConfig  # noqa: E402
-from agentspec._fleet_names import FleetKeys, tenant_acl_pattern  # noqa: E402
+from agentspec._fleet_names import FleetKeys, tenant_acl_rules  # noqa: E402
 from agentspec.engine import EngineOptions, EngineServer  # noqa: E402
 from agentspec.engine._fleet import EngineFleet, fleet_tenants_for  # noqa: E402
 
@@ -82,9 +82,8 @@ def test_a_response_learned_by_one_engine_drafts_on_another(model_tok, caplog) -
     with RedisServer(tcp=True) as server:
         admin = server.client()
         admin.execute_command(
-            "ACL", "SETUSER", "eng", "on", f">{PASSWORD}", "resetkeys",
-            tenant_acl_pattern("default"), "+@all", "-@dangerous",
-        )  # fmt: skip
+            "ACL", "SETUSER", "eng", "on", f">{PASSWORD}", *tenant_acl_rules("default")
+        )
         admin.close()
         url = server.url_for("eng", PASSWORD, tcp=True)
         fleet_a = EngineFleet(url, config=CFG, block_ms=200)
