@@ -249,18 +249,22 @@ class AgentSpecProposer:
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         wanted: dict[str, list[tuple[int, str, _Active, int]]] = {}  # tenant -> rows to draft
         decoding: list[str] = []  # requests that sampled tokens this step
+        prefill = False  # whether the step that just ran computed prompt tokens
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             state = requests.get(req_id) if req_id is not None else None
             if state is None:
                 continue
+            before = self._active.get(req_id)
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
+            if act is not before or not len(sampled):  # a new prompt, or a prefill chunk
+                prefill = True
             cap = self._feed(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
             if len(sampled):
                 decoding.append(req_id)
             if cap > 0:
                 wanted.setdefault(act.key[0], []).append((i, req_id, act, cap))
-        self._time_step(now, frozenset(decoding))
+        self._time_step(now, frozenset(decoding), prefill)
         # Draft per tenant, then cut the whole step's drafts at once: the
         # goodput allocation weighs every request of the step (the verification
         # cost is the batch's, whichever tenants it mixes).
@@ -280,13 +284,17 @@ class AgentSpecProposer:
         self._last_tokens = len(decoding) + sum(len(d) for d in out)
         return out
 
-    def _time_step(self, now: float, rows: frozenset[str]) -> None:
+    def _time_step(self, now: float, rows: frozenset[str], prefill: bool) -> None:
         """Feed the step-cost model: the time since the last call was the step that
         verified what that call proposed.  Only when some request decodes on (a
-        request of that call is here again): else the engine sat idle in between."""
+        request of that call is here again): else the engine sat idle in between.
+        Nor when that step also computed prompt tokens (``prefill``): their cost
+        is not a function of the verified tokens, and a step that prefills a
+        few thousand of them would teach the model that a batch step is slow,
+        so that a draft token looks cheap next to it."""
         last, prev = self._last_call, self._last_rows
         self._last_call, self._last_rows = now, rows
-        if last is None or not prev or rows.isdisjoint(prev):
+        if last is None or not prev or rows.isdisjoint(prev) or prefill:
             return
         self.goodput.observe_step(len(prev), max(self._last_tokens, len(prev)), now - last)
 

@@ -79,3 +79,36 @@ def test_idle_gaps_are_not_steps():
 def test_goodput_off_keeps_the_controller_disabled():
     proposer = AgentSpecProposer(vllm_config(k=K, goodput=False))
     assert proposer.goodput.enabled is False
+
+
+class PrefillLoop(TimedLoop):
+    """`TimedLoop` whose steps also pay ``prefill_cost`` per request computing its prompt."""
+
+    def __init__(self, proposer: AgentSpecProposer, base: float, per_token: float, prefill: float):
+        super().__init__(proposer, base, per_token)
+        self.prefill_cost = prefill
+
+    def step(self, prefill: frozenset[str] = frozenset()) -> list[list[int]]:
+        self.now += self.prefill_cost * len(prefill)
+        return super().step(prefill)
+
+
+def test_steps_that_compute_a_prompt_do_not_enter_the_fit():
+    """New requests arrive while others decode; a step that computes a prompt costs
+    0.2 s more.  The fit describes verification steps only: a decode step of 4
+    requests verifying 8 tokens costs 0.01 + 0.002 x 8 = 26 ms, not a blend with
+    the prefill steps (which would make a batch step look slow and a draft token
+    look cheap next to it)."""
+    proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
+    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=0.2)
+    for i, answer in enumerate(_answers(5, 40)):
+        rid = f"r{i}"
+        loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
+        loop.step(prefill=frozenset({rid}))  # its prompt is computed while others decode
+        for _ in range(3):
+            loop.step()
+        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
+            loop.remove(done)
+    cost = proposer.goodput.cost
+    assert cost.ready
+    assert abs(cost.predict(4, 8) - 0.026) < 0.005
