@@ -50,6 +50,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 from agentspec._calibration import AcceptanceCalibrator, conditional_probs
 from agentspec._draft import Draft
@@ -332,3 +333,23 @@ class GoodputController:
     def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
         """Report a verification step: ``batch`` requests, ``tokens`` verified, its time."""
         self.cost.observe(batch, tokens, seconds)
+
+    def stats(self) -> dict[str, Any]:
+        """What the controller has learned and done so far (JSON-ready): whether it
+        cuts now, the step-cost fit (seconds = c0 + c1 * batch + c2 * tokens), and
+        the draft tokens offered to `trim` and kept."""
+        cost = self.cost
+        c0, c1, c2 = cost.coefficients
+        return {
+            "enabled": self.enabled,
+            "active": self.active,
+            "step_cost": {
+                "ready": cost.ready,
+                "samples": cost.samples,
+                "pauses_ignored": cost.outliers,
+                "seconds": {"per_step": c0, "per_request": c1, "per_token": c2},
+            },
+            "offered": self.offered,
+            "kept": self.kept,
+            "calibration_groups": len(self.calibrator.groups()),
+        }

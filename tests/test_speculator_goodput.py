@@ -180,3 +180,16 @@ def test_control_step_refuses_mixed_controllers_and_bad_shapes():
     tables = [ctl.calibrator.table(g) for g in ctl.calibrator.groups()]
     assert sum(b.verified for t in tables for b in t) == 2
     assert sum(b.accepted for t in tables for b in t) == 1
+
+
+def test_controller_stats_report_the_fit_and_the_cut():
+    ctl = GoodputController(cost=_cost(0.015))
+    assert ctl.stats()["active"]
+    before = ctl.stats()
+    assert before["offered"] == before["kept"] == 0
+    fit = before["step_cost"]
+    assert fit["ready"]
+    assert fit["samples"] == 50
+    assert abs(fit["seconds"]["per_token"] - 0.015) < 1e-3
+    assert abs(fit["seconds"]["per_step"] - 0.01) < 1e-3
+    assert GoodputController(enabled=False).stats()["active"] is False

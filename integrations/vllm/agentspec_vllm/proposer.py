@@ -530,6 +530,7 @@ class AgentSpecProposer:
             "learned": self.learned_stats(),
             "config": self.config.public(),
             "fleet": None if self.fleet is None else self.fleet.stats(),
+            "goodput": self.goodput.stats(),
         }
 
     def close(self) -> None:

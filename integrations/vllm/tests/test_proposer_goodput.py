@@ -68,6 +68,12 @@ def test_dear_tokens_draft_less_and_never_more_than_k():
     assert ctl.proposed < fixed.proposed  # ... and drafts less
     assert proposer.goodput.kept < proposer.goodput.offered
     assert all(len(d) <= K for d in ctl.drafts.values())
+    seen = proposer.stats()["goodput"]  # what the worker's stats endpoint shows
+    assert seen["enabled"]
+    assert seen["active"]
+    assert seen["step_cost"]["ready"]
+    assert seen["step_cost"]["seconds"]["per_token"] > 0.03
+    assert seen["kept"] == proposer.goodput.kept < seen["offered"]
 
 
 def test_idle_gaps_are_not_steps():
