@@ -80,6 +80,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -616,34 +617,34 @@ def report_same_outputs(table: dict[int, tuple[int, int, dict[str, float]]]) -> 
         print(f"c={c:<3d} {common:4d} of {n:4d} requests:  {cells}")
 
 
+def _round_table(
+    results: list[Result],
+    title: str,
+    rounds: Callable[[Result], list[float]],
+    median: Callable[[Result], float],
+    best: Callable[..., Result],
+) -> None:
+    """One value per round per method and level, the median in brackets, and a
+    star on the level's ``best`` (min or max) median."""
+    word = "lowest" if best is min else "highest"
+    print(f"\n{title} per round (median of rounds in brackets; * {word} median at that level)")
+    levels = sorted({r.concurrency for r in results})
+    pick = {c: best((r for r in results if r.concurrency == c), key=median) for c in levels}
+    for r in results:
+        cells = " ".join(f"{t:6.1f}" for t in rounds(r))
+        mark = "*" if pick[r.concurrency] is r else " "
+        print(f"{r.method:17s} c={r.concurrency:<3d} {cells}  [{median(r):6.1f}]{mark}")
+
+
 def report_rounds(results: list[Result]) -> None:
     """Each round's TPOT and tok/s per method and level, their medians, and at
     each level the method with the lowest median TPOT and the highest median
     tok/s; then each method's median tok/s relative to ``none``."""
     levels = sorted({r.concurrency for r in results})
-    print("\nTPOT ms per round (median of rounds in brackets; * lowest median at that level)")
-    best = {
-        c: min((r for r in results if r.concurrency == c), key=lambda r: r.tpot_round_median_ms)
-        for c in levels
-    }
-    for r in results:
-        rounds = " ".join(f"{t:6.1f}" for t in r.round_tpots)
-        mark = "*" if best[r.concurrency] is r else " "
-        print(
-            f"{r.method:17s} c={r.concurrency:<3d} {rounds}  [{r.tpot_round_median_ms:6.1f}]{mark}"
-        )
-    print("\ntok/s per round (median of rounds in brackets; * highest median at that level)")
-    top = {
-        c: max((r for r in results if r.concurrency == c), key=lambda r: r.throughput_round_median)
-        for c in levels
-    }
-    for r in results:
-        rounds = " ".join(f"{t:6.1f}" for t in r.round_throughputs)
-        mark = "*" if top[r.concurrency] is r else " "
-        print(
-            f"{r.method:17s} c={r.concurrency:<3d} {rounds}  "
-            f"[{r.throughput_round_median:6.1f}]{mark}"
-        )
+    _round_table(results, "TPOT ms", lambda r: r.round_tpots, lambda r: r.tpot_round_median_ms, min)
+    _round_table(
+        results, "tok/s", lambda r: r.round_throughputs, lambda r: r.throughput_round_median, max
+    )
     base = {r.concurrency: r for r in results if r.method == "none"}
     if base:
         print("\nmedian tok/s relative to none, per level")
