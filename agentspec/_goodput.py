@@ -272,16 +272,10 @@ class GoodputController:
         tokens the engine emitted; a prefix of another shape is ignored here.
         """
         n = min(max(0, accepted) + 1, len(draft.token_ids))
-        parents, probs = draft.parents, draft.probs
-        cond: list[float] = []
-        prev = 1.0
-        for i in range(n):
-            if parents[i] != i - 1:
-                return
-            p = probs[i]
-            c = p / prev if prev > 0 else 0.0
-            cond.append(1.0 if c > 1.0 else (0.0 if c < 0.0 else c))
-            prev = p
+        parents = draft.parents[:n]
+        if any(j != i - 1 for i, j in enumerate(parents)):
+            return
+        cond = conditional_probs(draft.probs[:n], parents)
         if cond:
             self.calibrator.observe(group, cond, min(max(0, accepted), n))
 
