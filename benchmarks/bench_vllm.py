@@ -19,6 +19,10 @@ measured:
 * ``agentspec-fixed``: as ``agentspec`` with the goodput controller off
   (``AGENTSPEC_VLLM_GOODPUT=false``): every draft as the draft rule gives
   it, the fixed-k baseline of the controller;
+* ``agentspec-nodraft``: the same proposer with ``AGENTSPEC_VLLM_ALPHA=0``,
+  so it never proposes a token: vLLM's speculative path and the proposer's
+  bookkeeping with nothing to verify, the floor of any method that can
+  decide to draft nothing;
 * ``agentspec-pushed``: a fresh agentspec server that saw no warm-up
   traffic, given only the shards the client store collected during the
   ``agentspec`` warm-up (what a restarted or new replica gets); measured
@@ -108,6 +112,7 @@ ALL_METHODS = (
     "suffix",
     "agentspec",
     "agentspec-fixed",
+    "agentspec-nodraft",
     "agentspec-pushed",
 )
 DEVICES = ("cpu", "cuda")
@@ -303,6 +308,8 @@ def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
     launch = vllm_launch(num_speculative_tokens=k)
     if method == "agentspec-fixed":
         return launch.args, {**launch.env, "AGENTSPEC_VLLM_GOODPUT": "false"}
+    if method == "agentspec-nodraft":
+        return launch.args, {**launch.env, "AGENTSPEC_VLLM_ALPHA": "0"}
     return launch.args, launch.env
 
 

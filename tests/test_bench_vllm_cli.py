@@ -143,6 +143,11 @@ def test_speculation_flags_per_method(device: str) -> None:
     )
     assert fixed_env["AGENTSPEC_VLLM_GOODPUT"] == "false"
     assert "AGENTSPEC_VLLM_GOODPUT" not in env
+    # agentspec-nodraft: the same proposer, proposing nothing
+    nodraft_argv, nodraft_env = bench.server_command(cfg, "agentspec-nodraft", 8, PORT)
+    assert _spec_flags(nodraft_argv) == _spec_flags(fixed_argv)
+    assert nodraft_env["AGENTSPEC_VLLM_ALPHA"] == "0"
+    assert "AGENTSPEC_VLLM_ALPHA" not in env
 
 
 @pytest.mark.parametrize("method", ["none", "ngram55", "ngram35", "suffix", "agentspec"])
