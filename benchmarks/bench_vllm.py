@@ -909,8 +909,15 @@ def main(argv: list[str] | None = None) -> int:
         shards: dict[ShardKey, bytes] = {}
         for method in order:
             t0 = time.monotonic()
-            per_round += bench_method(method, args, cfg, warm, evals, shards)
-            print(f"  ({method}: {time.monotonic() - t0:.0f} s with server start)", flush=True)
+            got = bench_method(method, args, cfg, warm, evals, shards)
+            per_round += got
+            levels_done = ", ".join(
+                f"c={x.concurrency} {x.throughput:.1f} tok/s TPOT {x.tpot_ms:.1f} ms" for x in got
+            )
+            print(
+                f"  ({method}: {time.monotonic() - t0:.0f} s with server start; {levels_done})",
+                flush=True,
+            )
     results = [
         merge_results([x for x in per_round if (x.method, x.concurrency) == (m, c)])
         for m in methods
