@@ -32,19 +32,20 @@ import typing as _typing
 from importlib import metadata as _metadata
 
 from agentspec import exceptions
-from agentspec._batch import BatchDrafter, draft_batch
-from agentspec._draft import Cursor, Draft, DraftParams
-from agentspec._goodput import GoodputController
-from agentspec._intake import ShardIntake, serve_intake
-from agentspec._pusher import EndpointStatus, PushError, ShardPusher
-from agentspec._shardkey import ShardKey
-from agentspec._speculator import Speculator
-from agentspec._store import ShardStats, ShardStore
-from agentspec._tags import Tags, current_tags, session, stage
-from agentspec._tree import SuffixTree, TreeStats
+from agentspec._client.tags import Tags, current_tags, session, stage
+from agentspec._core.batch import BatchDrafter, draft_batch
+from agentspec._core.cursor import Cursor
+from agentspec._core.draft import Draft, DraftParams
+from agentspec._core.goodput import GoodputController
+from agentspec._core.shardkey import ShardKey
+from agentspec._core.speculator import Speculator
+from agentspec._core.tree import SuffixTree, TreeStats
+from agentspec._push.intake import ShardIntake, serve_intake
+from agentspec._push.pusher import EndpointStatus, PushError, ShardPusher
+from agentspec._store.store import ShardStats, ShardStore
 
 if _typing.TYPE_CHECKING:
-    from agentspec._client import AgentSpecClient, AsyncAgentSpecClient
+    from agentspec._client.client import AgentSpecClient, AsyncAgentSpecClient
 
 _LAZY = {"AgentSpecClient", "AsyncAgentSpecClient"}  # import openai only when used
 
@@ -52,7 +53,7 @@ _LAZY = {"AgentSpecClient", "AsyncAgentSpecClient"}  # import openai only when u
 def __getattr__(name: str) -> _typing.Any:
     """Load the openai-backed clients on first use."""
     if name in _LAZY:
-        from agentspec import _client
+        from agentspec._client import client as _client
 
         value = getattr(_client, name)
         globals()[name] = value

@@ -4,7 +4,7 @@ Subcommands:
 
 - ``agentspec demo``: the text-to-SQL agent pipeline on the embedded engine
   (or ``--base-url``), speculation off then on, identical outputs checked,
-  per-stage speedups (`agentspec.cli_demo`);
+  per-stage speedups (`agentspec._cli.demo`);
 - ``agentspec bench replay TRACES...``: replay traces through a simulated
   greedy verifier for several drafting methods (`agentspec.bench.replay`);
 - ``agentspec bench entropy TRACES...``: the per-stage entropy predictor
@@ -17,13 +17,13 @@ Subcommands:
   of draft tokens per probability bucket, raw and corrected online
   (`agentspec.bench.calibration`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
-  and maintain a client shard store (`agentspec.cli_shards`);
+  and maintain a client shard store (`agentspec._cli.shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
-  serving workers, compare them with the workers' copies (`agentspec.cli_push`);
+  serving workers, compare them with the workers' copies (`agentspec._cli.push`);
 - ``agentspec fleet status --redis URL``: a tenant's fleet log on Redis, per
-  shard (`agentspec.cli_fleet`);
+  shard (`agentspec._cli.fleet`);
 - ``agentspec vllm-args`` / ``agentspec serve MODEL``: the vLLM flags that
-  enable agentspec, and a server started with them (`agentspec.cli_vllm`).
+  enable agentspec, and a server started with them (`agentspec._cli.vllm`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from agentspec._cli_util import doc_description, plain_text
+from agentspec._util.cli import doc_description, plain_text
 from agentspec.exceptions import AgentSpecError
 
 __all__ = ["build_parser", "main"]
@@ -70,7 +70,11 @@ def package_problem() -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentspec`` command."""
-    from agentspec import cli_demo, cli_fleet, cli_push, cli_shards, cli_vllm
+    from agentspec._cli import demo as cli_demo
+    from agentspec._cli import fleet as cli_fleet
+    from agentspec._cli import push as cli_push
+    from agentspec._cli import shards as cli_shards
+    from agentspec._cli import vllm as cli_vllm
     from agentspec.bench import budget, calibration, entropy, replay
     from agentspec.bench import fleet as bench_fleet
 
@@ -162,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl = sub.add_parser(
         "fleet",
         help="inspect the fleet's shard log on Redis",
-        description="Inspect a tenant's fleet log on Redis (agentspec.cli_fleet).",
+        description="Inspect a tenant's fleet log on Redis (agentspec._cli.fleet).",
     )
     cli_fleet.add_arguments(fl)
     va = sub.add_parser(

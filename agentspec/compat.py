@@ -115,13 +115,14 @@ from typing import Any
 
 import numpy as np
 
-from agentspec import _lowlevel
-from agentspec._args import as_int
-from agentspec._draft import Cursor, Draft, DraftParams, check_max_depth
-from agentspec._log import get_logger
-from agentspec._speculator import Speculator
-from agentspec._tokens import TokenArray, as_int32_buffer
-from agentspec._tree import SuffixTree
+from agentspec._core import lowlevel
+from agentspec._core.cursor import Cursor
+from agentspec._core.draft import Draft, DraftParams, check_max_depth
+from agentspec._core.speculator import Speculator
+from agentspec._core.tokens import TokenArray, as_int32_buffer
+from agentspec._core.tree import SuffixTree
+from agentspec._util.args import as_int
+from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["SuffixDecodingCache", "SuffixDecodingDraft"]
@@ -240,7 +241,7 @@ class SuffixDecodingCache:
         self._fast_params: dict[tuple[Any, ...], DraftParams] = {}
         # The arguments of the last checked call and their params (compared by identity).
         self._last: tuple[Any, ...] = (_NONE,) * 6
-        self._default_spec = min(depth, _lowlevel.MAX_SPEC_LIMIT)
+        self._default_spec = min(depth, lowlevel.MAX_SPEC_LIMIT)
         self._speculator: Speculator | None = None  # stage shards, made on first use
 
     # --- properties (arctic's) ---------------------------------------------
@@ -461,7 +462,7 @@ class SuffixDecodingCache:
             spec = as_int(max_spec_tokens, "max_spec_tokens", expected="an int or None")
             if spec <= 0:
                 return None
-            spec = min(spec, _lowlevel.MAX_SPEC_LIMIT)
+            spec = min(spec, lowlevel.MAX_SPEC_LIMIT)
         params = self._get_params(
             spec,
             _real(max_spec_factor, "max_spec_factor"),

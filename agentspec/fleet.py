@@ -29,15 +29,15 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         "agentspec.fleet needs the redis client: pip install 'agentspec-suffix[fleet]'"
     ) from _e
 
-from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_heartbeat import Heartbeat, read_heartbeats
-from agentspec._fleet_ids import check_identity
-from agentspec._fleet_names import tenant_acl_rules
-from agentspec._fleet_pub import FleetPublisher, PublishStatus
-from agentspec._fleet_redis import Redactor, redact_url
-from agentspec._fleet_stats import FleetShardStats, PublisherStats, SubscriberStats
-from agentspec._fleet_sub import FleetSubscriber
-from agentspec.cli_fleet import fleet_status
+from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.connection import Redactor, redact_url
+from agentspec._fleet.heartbeat import Heartbeat, read_heartbeats
+from agentspec._fleet.ids import check_identity
+from agentspec._fleet.names import tenant_acl_rules
+from agentspec._fleet.pub import FleetPublisher, PublishStatus
+from agentspec._fleet.stats import FleetShardStats, PublisherStats, SubscriberStats
+from agentspec._fleet.status import fleet_status
+from agentspec._fleet.sub import FleetSubscriber
 
 __all__ = [
     "FleetConfig",

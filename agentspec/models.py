@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from agentspec._log import get_logger
+from agentspec._util.log import get_logger
 from agentspec.exceptions import AgentSpecError
 
 __all__ = [

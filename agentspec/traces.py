@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, TypeAlias
 
-from agentspec._args import as_int
+from agentspec._util.args import as_int
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 
 __all__ = [

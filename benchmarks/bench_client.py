@@ -33,8 +33,8 @@ if str(_ROOT) not in sys.path:  # a source checkout without `pip install -e .`
 
 from openai_server import OpenAIServer  # noqa: E402
 
-import agentspec._tags as tags  # noqa: E402
-from agentspec._client import AgentSpecClient  # noqa: E402
+import agentspec._client.tags as tags  # noqa: E402
+from agentspec._client.client import AgentSpecClient  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -75,7 +75,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # a source checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from agentspec._procs import free_port, log_tail, spawn, wait_healthy  # noqa: E402
+from agentspec._util.procs import free_port, log_tail, spawn, wait_healthy  # noqa: E402
 
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
 LEAD_TOKENS = 8  # prompt tokens before each published output, as the replicas publish
@@ -330,7 +330,7 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """One run of the pipeline over fresh replicas (``mode``: isolated or fleet)."""
     from agentspec import AgentSpecClient
-    from agentspec._store import ShardStore
+    from agentspec._store.store import ShardStore
     from examples.text_to_sql import PipelineConfig, Text2SQLPipeline
 
     tenant = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
@@ -519,7 +519,7 @@ def replica_memory(run: dict[str, Any]) -> dict[str, Any]:
 
 def subscriber_child(url: str, tenant: str) -> int:
     """A subscriber process: notes when its position passes each entry; reports on END."""
-    from agentspec._fleet_sub import FleetSubscriber
+    from agentspec._fleet.sub import FleetSubscriber
 
     def rss() -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -647,9 +647,9 @@ def run_load(
 
     import redis
 
-    from agentspec._fleet_entry import FleetEntry
-    from agentspec._fleet_names import FleetKeys
-    from agentspec._fleet_pub import FleetPublisher, Published, PublishStatus
+    from agentspec._fleet.entry import FleetEntry
+    from agentspec._fleet.names import FleetKeys
+    from agentspec._fleet.pub import FleetPublisher, Published, PublishStatus
 
     tenant = f"bench-lag-{uuid.uuid4().hex[:8]}"
     seqs = trace_sequences(args, tenant)

@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from agentspec._procs import free_port, spawn, stop_group, wait_healthy
+from agentspec._util.procs import free_port, spawn, stop_group, wait_healthy
 
 MASTER_KEY = "sk-bench-0123456789abcdef0123456789abcdef0123456789"
 

@@ -135,20 +135,20 @@ _RAW_NEEDS = (
 
 def _raw_missing() -> str | None:
     """None when the private layer ``agentspec-raw`` uses is present, else what is missing."""
-    from agentspec import _lowlevel
+    from agentspec._core import lowlevel
 
-    missing = [n for n in _RAW_NEEDS if not hasattr(_lowlevel, n)]
-    return f"agentspec._lowlevel lacks {', '.join(missing)}" if missing else None
+    missing = [n for n in _RAW_NEEDS if not hasattr(lowlevel, n)]
+    return f"agentspec._core.lowlevel lacks {', '.join(missing)}" if missing else None
 
 
 def agentspec_build() -> dict[str, Any] | None:
     """Path, mtime and sha256 prefix of the loaded agentspec extension (None if absent)."""
     try:
-        from agentspec import _lowlevel
+        from agentspec._core import lowlevel
     except ImportError:
         return None
     mod = sys.modules.get("agentspec._agentspec_cffi")
-    path = getattr(mod, "__file__", None) or getattr(_lowlevel, "__file__", None)
+    path = getattr(mod, "__file__", None) or getattr(lowlevel, "__file__", None)
     if path is None:
         return None
     data = Path(path).read_bytes()
@@ -333,12 +333,12 @@ def replay_raw(reqs: Sequence[Request], cfg: Config) -> Counters:
     """Replay ``agentspec-raw``: the cursor path with bare C calls (diagnostic only).
 
     Same work as ``agentspec-cursor`` but through the private cffi layer
-    (``agentspec._lowlevel``), timing only the C calls: token packing and the
+    (``agentspec._core.lowlevel``), timing only the C calls: token packing and the
     conversion of the draft to Python lists happen outside the timed region.
     It shows what the engine itself costs, so that the difference to
     ``agentspec-cursor`` is the Python wrapper's per-call cost.
     """
-    from agentspec import DraftParams, SuffixTree, _lowlevel
+    from agentspec import DraftParams, SuffixTree, lowlevel
 
     tree = SuffixTree(max_depth=cfg.depth)
     params = DraftParams(
@@ -346,10 +346,10 @@ def replay_raw(reqs: Sequence[Request], cfg: Config) -> Counters:
     )
     gh = tree._h
     c_params = params._c
-    bufs = _lowlevel.DraftBuffers(cfg.max_spec_tokens)
-    create, extend = _lowlevel.cursor_create, _lowlevel.cursor_extend
-    draft, out = _lowlevel.lib.as_draft, bufs.out  # the bare C call; converted outside the timing
-    ptr_of, result = _lowlevel.int32_ptr, bufs.result
+    bufs = lowlevel.DraftBuffers(cfg.max_spec_tokens)
+    create, extend = lowlevel.cursor_create, lowlevel.cursor_extend
+    draft, out = lowlevel.lib.as_draft, bufs.out  # the bare C call; converted outside the timing
+    ptr_of, result = lowlevel.int32_ptr, bufs.result
     c = Counters([], [], stage_steps={})
     pc = time.perf_counter_ns
     dns, uns = c.draft_ns, c.update_ns
@@ -370,7 +370,7 @@ def replay_raw(reqs: Sequence[Request], cfg: Config) -> Counters:
             st = draft(h, gh, c_params, out)
             t1 = pc()
             if st:
-                raise _lowlevel.error(st)
+                raise lowlevel.error(st)
             dns.append(t1 - t0)
             toks = result()[0]
             acc = _verify(toks, resp, pos, n_r - pos)
@@ -387,8 +387,8 @@ def replay_raw(reqs: Sequence[Request], cfg: Config) -> Counters:
             accepted += acc
         r_ptr = ptr_of(resp_arr)
         t0 = pc()
-        _lowlevel.release(h)
-        _lowlevel.tree_add(gh, rid, r_ptr, n_r, resp_arr)
+        lowlevel.release(h)
+        lowlevel.tree_add(gh, rid, r_ptr, n_r, resp_arr)
         c.finish_ns += pc() - t0
         _count_request(c, req, n_p, n_r, steps, accepted)
     c.wall_s = time.perf_counter() - t_wall

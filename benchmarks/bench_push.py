@@ -36,9 +36,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentspec._intake import ShardIntake, serve_intake
-from agentspec._pusher import ShardPusher
-from agentspec._store import ShardStore
+from agentspec._push.intake import ShardIntake, serve_intake
+from agentspec._push.pusher import ShardPusher
+from agentspec._store.store import ShardStore
 
 KEY = ("bench", "pipeline", "stage")
 

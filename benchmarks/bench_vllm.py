@@ -96,8 +96,8 @@ if __package__ in (None, ""):
 import openai
 
 from agentspec import AgentSpecClient, ShardKey, ShardPusher, ShardStore
-from agentspec._procs import free_port, spawn, stop_group, wait_healthy
-from agentspec.cli_vllm import API_SERVER_MODULE, vllm_launch
+from agentspec._cli.vllm import API_SERVER_MODULE, vllm_launch
+from agentspec._util.procs import free_port, spawn, stop_group, wait_healthy
 from agentspec.models import ensure_default_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -34,35 +34,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "agentspec"
 
-#: Lowest layer first.  A prefix names a module or a whole package.
+#: Lowest layer first: ``(name, prefixes)``.  A prefix names a module or a
+#: whole package; ``agentspec`` itself names only the package's ``__init__``
+#: (the public facade), not everything under it.  docs/architecture.md
+#: describes each layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundation",
         (
             "agentspec.exceptions",
             "agentspec._util",
-        ),
-    ),
-    ("core", ("agentspec._core",)),
-    ("store", ("agentspec._store",)),
-    ("sync", ("agentspec._sync",)),
-    ("fleet", ("agentspec._fleet", "agentspec.fleet")),
-    (
-        "client",
-        (
-            "agentspec._client",
             "agentspec.traces",
             "agentspec.chat",
             "agentspec.models",
-            "agentspec.compat",
         ),
     ),
+    ("core", ("agentspec._core", "agentspec.compat")),
+    ("fleet", ("agentspec._fleet", "agentspec.fleet")),
+    ("store", ("agentspec._store",)),
+    ("push", ("agentspec._push",)),
+    ("client", ("agentspec._client",)),
+    ("facade", ("agentspec",)),
     ("engine", ("agentspec.engine",)),
     ("bench", ("agentspec.bench",)),
     ("demo", ("agentspec.demo",)),
     ("cli", ("agentspec._cli", "agentspec.__main__")),
-    ("package", ("agentspec",)),
 ]
+
+#: Compiled extension modules (no source to read; the binding imports them).
+EXTENSIONS = frozenset({"agentspec._agentspec_cffi"})
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -94,6 +94,8 @@ def imports_of(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
+                if alias.name in EXTENSIONS:
+                    continue
                 if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
                     yield _known_prefix(alias.name, known), node.lineno
         elif isinstance(node, ast.ImportFrom):
@@ -102,6 +104,8 @@ def imports_of(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, 
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
+                if sub in EXTENSIONS or target in EXTENSIONS:
+                    continue
                 yield (sub if sub in known else _known_prefix(target, known)), node.lineno
 
 
@@ -114,7 +118,7 @@ def _known_prefix(name: str, known: set[str]) -> str:
 def layer_of(module: str) -> int | None:
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if module == p or module.startswith(p + "."):
+            if module == p or (p != PACKAGE and module.startswith(p + ".")):
                 return i
     return None
 
@@ -175,9 +179,6 @@ def check(root: Path, show_graph: bool = False) -> list[str]:
         for target, line in imports_of(module, path, known):
             if target == module or target not in known:
                 continue
-            # a package's own __init__ is not a dependency of its submodules'
-            # importers beyond what they name; a submodule importing its parent
-            # package is an import of that package's __init__.
             edges[module].add(target)
             where.setdefault((module, target), line)
     for module in sorted(files):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentspec import _lowlevel
+from agentspec._core import lowlevel
 
 
 class BuildSpy:
@@ -19,10 +19,10 @@ class BuildSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
         for name in ("tree_from_bytes", "tree_load", "shard_max_token", "tree_create"):
-            real = getattr(_lowlevel, name)
+            real = getattr(lowlevel, name)
 
             def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
                 self.calls.append(_name)
                 return _real(*args)
 
-            monkeypatch.setattr(_lowlevel, name, spy)
+            monkeypatch.setattr(lowlevel, name, spy)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reference import build_counts
 
 from agentspec import BatchDrafter, Cursor, DraftParams, SuffixTree, draft_batch
-from agentspec._lowlevel import ffi, lib
+from agentspec._core.lowlevel import ffi, lib
 from agentspec.exceptions import (
     AgentSpecError,
     CapacityError,

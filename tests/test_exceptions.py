@@ -6,8 +6,9 @@ import inspect
 
 import pytest
 
-from agentspec import SuffixTree, _lowlevel, exceptions
-from agentspec._lowlevel import ffi, lib
+from agentspec import SuffixTree, exceptions
+from agentspec._core import lowlevel
+from agentspec._core.lowlevel import ffi, lib
 from agentspec.exceptions import (
     AgentSpecError,
     CapacityError,
@@ -64,18 +65,18 @@ def test_every_class_has_both_bases(
 def test_status_maps_to_class_with_c_message(cls: type[AgentSpecError], status: str) -> None:
     """error(status) is the mapped class with the C engine's message in args[0]."""
     code = getattr(lib, status)
-    exc = _lowlevel.error(code)
+    exc = lowlevel.error(code)
     assert type(exc) is cls
     assert exc.args[0] == ffi.string(lib.as_strerror(code)).decode()
     assert exc.args[0]
     with pytest.raises(cls):
-        _lowlevel.check(code)
+        lowlevel.check(code)
 
 
 def test_check_accepts_ok_and_unknown_codes_raise_base() -> None:
     """check(AS_OK) returns; a code unknown to Python still raises AgentSpecError."""
-    _lowlevel.check(lib.AS_OK)
-    exc = _lowlevel.error(999)
+    lowlevel.check(lib.AS_OK)
+    exc = lowlevel.error(999)
     assert type(exc) is AgentSpecError
     assert exc.args[0] == ffi.string(lib.as_strerror(999)).decode()
 
@@ -87,7 +88,7 @@ def test_engine_error_carries_message_and_detail() -> None:
         tree.sequence(42)
     exc = info.value
     assert isinstance(exc, SequenceNotFoundError)
-    assert exc.args[0] == _lowlevel.strerror(lib.AS_ERR_SEQ_NOT_FOUND)
+    assert exc.args[0] == lowlevel.strerror(lib.AS_ERR_SEQ_NOT_FOUND)
     assert str(exc) == f"{exc.args[0]} (seq_id 42)"
 
 

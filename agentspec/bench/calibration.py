@@ -4,7 +4,7 @@ Each trace is replayed as in ``agentspec bench replay`` (stage shards,
 online learning, a simulated greedy verifier).  For every verified draft
 token (a token whose whole prefix was accepted) it records the token's
 estimated conditional probability (from the tree's counts, see
-`agentspec._calibration.conditional_probs`) and whether it was accepted.
+`agentspec._core.calibration.conditional_probs`) and whether it was accepted.
 
 It reports, per trace:
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentspec._calibration import AcceptanceCalibrator, conditional_probs
+from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
 from agentspec.bench.replay import (
     ReplayConfig,
     TraceData,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentspec._args import as_int
+from agentspec._util.args import as_int
 
 __all__ = ["NgramProposer"]
 

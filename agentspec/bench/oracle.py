@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agentspec import SuffixTree
-from agentspec._args import as_int
+from agentspec._util.args import as_int
 
 __all__ = ["Oracle", "longest_seen_prefix"]
 

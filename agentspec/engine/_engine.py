@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentspec._budget import (
+from agentspec._core.budget import (
     DEFAULT_MAX_LEARNED_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_MAX_TENANT_LEARNED_BYTES,
@@ -32,12 +32,12 @@ from agentspec._budget import (
     LearnedBudget,
     parse_byte_size,
 )
-from agentspec._draft import Draft, DraftParams
-from agentspec._goodput import GoodputController
-from agentspec._log import get_logger
-from agentspec._speculator import Speculator
-from agentspec._tree import SuffixTree
-from agentspec._wire import DEFAULT_MAX_BODY_BYTES
+from agentspec._core.draft import Draft, DraftParams
+from agentspec._core.goodput import GoodputController
+from agentspec._core.speculator import Speculator
+from agentspec._core.tree import SuffixTree
+from agentspec._push.wire import DEFAULT_MAX_BODY_BYTES
+from agentspec._util.log import get_logger
 from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams

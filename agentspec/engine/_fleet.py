@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentspec._fleet_config import FleetConfig
-from agentspec._fleet_pub import FleetPublisher, PublishStatus
-from agentspec._fleet_redis import redact_url
-from agentspec._fleet_sub import FleetSubscriber
-from agentspec._log import get_logger
-from agentspec._shardkey import DEFAULT_TENANT, ShardKey
-from agentspec._tree import SuffixTree
+from agentspec._core.shardkey import DEFAULT_TENANT, ShardKey
+from agentspec._core.tree import SuffixTree
+from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.connection import redact_url
+from agentspec._fleet.pub import FleetPublisher, PublishStatus
+from agentspec._fleet.sub import FleetSubscriber
+from agentspec._util.log import get_logger
 
 __all__ = ["REDIS_URL_ENV", "EngineFleet", "fleet_tenants_for"]
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentspec._draft import DraftParams
-from agentspec._speculator import Speculator
+from agentspec._core.draft import DraftParams
+from agentspec._core.speculator import Speculator
 from agentspec.engine._draft_tree import as_draft_tree
 from agentspec.engine._verify import DraftInput, Verifier
 from agentspec.exceptions import InvalidArgumentError

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._fleet_ids import check_identity
-from agentspec._log import get_logger
-from agentspec._shardkey import DEFAULT_TENANT
-from agentspec._tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
+from agentspec._client.tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
+from agentspec._core.shardkey import DEFAULT_TENANT
+from agentspec._fleet.ids import check_identity
+from agentspec._util.log import get_logger
 from agentspec.engine._chat import render_chat, short_repr, tokenize_prompt
 from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
 from agentspec.exceptions import InvalidArgumentError

@@ -16,7 +16,7 @@ Keys (see docs/engine.md, "Keys and tenants"):
   <key>``.  Alone it guards everything, shard routes included, and the
   tenant is whatever the body's ``vllm_xargs.agentspec_tenant`` says: no
   isolation between tenants.
-- ``tenant_keys`` (an API key -> tenant map, `agentspec._tenants`): the
+- ``tenant_keys`` (an API key -> tenant map, `agentspec._push.tenants`): the
   tenant of an OpenAI request comes from its bearer key only (the body's
   ``agentspec_tenant`` is overridden, as the vLLM middleware does); a key
   in the map is accepted, so is ``api_key`` (tenant ``"default"``), any
@@ -47,11 +47,11 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from agentspec._intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
-from agentspec._log import get_logger
-from agentspec._shardkey import DEFAULT_TENANT
-from agentspec._tenants import bearer_token, check_tenant_keys, tenant_of
-from agentspec._wire import API_PREFIX, ErrorType, check_bearer
+from agentspec._core.shardkey import DEFAULT_TENANT
+from agentspec._push.intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
+from agentspec._push.tenants import bearer_token, check_tenant_keys, tenant_of
+from agentspec._push.wire import API_PREFIX, ErrorType, check_bearer
+from agentspec._util.log import get_logger
 from agentspec.engine._engine import (
     Completion,
     Engine,
@@ -688,18 +688,18 @@ def run_engine_server(
             it serves (``agentspec serve`` prints its ready line there).
 
     Raises:
-        agentspec._cli_util.ListenError: ``host:port`` cannot be listened on
+        agentspec._util.cli.ListenError: ``host:port`` cannot be listened on
             (checked before the model loads).
         agentspec.models.ModelError: the model cannot be fetched or loaded.
         OSError: the address cannot be bound.
     """
-    from agentspec._cli_util import check_listen
+    from agentspec._util.cli import check_listen
 
     check_listen(host, port)  # before the model loads: a busy port fails at once
 
     import torch
 
-    from agentspec._draft import DraftParams
+    from agentspec._core.draft import DraftParams
     from agentspec.models import DEFAULT_MODEL, MODEL_ALIASES, load_model
 
     torch.set_num_threads(threads or default_threads())
@@ -722,7 +722,7 @@ def run_engine_server(
     )
     fleet = None
     if redis_url:
-        from agentspec._fleet_config import FleetConfig
+        from agentspec._fleet.config import FleetConfig
         from agentspec.engine._fleet import EngineFleet, fleet_tenants_for
 
         budget = options.max_shard_tokens

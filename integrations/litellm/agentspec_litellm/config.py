@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from agentspec._tags import check_tag
+from agentspec._client.tags import check_tag
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [

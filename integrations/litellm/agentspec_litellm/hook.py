@@ -52,8 +52,8 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from agentspec import ShardPusher, ShardStore
-from agentspec._client_learn import load_tokenizer
-from agentspec._log import get_logger
+from agentspec._client.outputs import load_tokenizer
+from agentspec._util.log import get_logger
 from agentspec.fleet import check_identity
 from agentspec_litellm.config import HookConfig, load_config, redacted_url
 from agentspec_litellm.learner import Counters, Encoder, Job, Learner

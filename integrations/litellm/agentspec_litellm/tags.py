@@ -7,7 +7,7 @@ stage and pipeline the first source that has a value wins:
 1. the body's ``vllm_xargs`` (``agentspec_session`` / ``_stage`` /
    ``_pipeline``, as `agentspec.AgentSpecClient` sends them);
 2. the ``X-AgentSpec-Session`` / ``-Stage`` / ``-Pipeline`` headers
-   (percent-decoded, see `agentspec._tags.decode_header_value`);
+   (percent-decoded, see `agentspec._client.tags.decode_header_value`);
 3. the body ``metadata`` keys ``agentspec_session`` / ``_stage`` / ``_pipeline``;
 4. for the session only: LiteLLM's session id (the ``x-litellm-session-id``
    header, which OpenHands sets to the conversation id);
@@ -31,14 +31,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._shardkey import DEFAULT_TENANT
-from agentspec._tags import (
+from agentspec._client.tags import (
     HEADER_PIPELINE,
     HEADER_SESSION,
     HEADER_STAGE,
     check_tag,
     decode_header_value,
 )
+from agentspec._core.shardkey import DEFAULT_TENANT
 from agentspec.exceptions import InvalidArgumentError
 from agentspec_litellm.config import HookConfig, hash_key
 

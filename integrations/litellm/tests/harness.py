@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentspec._procs import free_port, log_tail, spawn, stop_group, wait_healthy
+from agentspec._util.procs import free_port, log_tail, spawn, stop_group, wait_healthy
 
 ENGINE_PYTHON_ENV = "AGENTSPEC_ENGINE_PYTHON"
 LITELLM_BIN = Path(sys.executable).with_name("litellm")

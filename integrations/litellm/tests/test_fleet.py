@@ -29,10 +29,10 @@ import pytest
 from litellm.types.utils import ModelResponse, ModelResponseStream
 from redis_server import RedisServer, requires_redis_server
 
-from agentspec._fleet_ids import fleet_seq_id
-from agentspec._fleet_names import tenant_acl_rules
-from agentspec._fleet_pub import FleetPublisher
-from agentspec._fleet_sub import FleetSubscriber
+from agentspec._fleet.ids import fleet_seq_id
+from agentspec._fleet.names import tenant_acl_rules
+from agentspec._fleet.pub import FleetPublisher
+from agentspec._fleet.sub import FleetSubscriber
 from agentspec_litellm import AgentSpecHook
 from agentspec_litellm.config import REDIS_URL_ENV
 from agentspec_litellm.hook import REQUEST_ID_XARG

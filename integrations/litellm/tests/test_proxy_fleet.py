@@ -24,8 +24,8 @@ from conftest import CUSTOM_AUTH, proxy_config
 from harness import ENGINE_PYTHON_ENV, Forwarder, Process, start_engine, start_proxy
 from redis_server import RedisServer, requires_redis_server
 
-from agentspec._fleet_ids import fleet_seq_id
-from agentspec._fleet_sub import FleetSubscriber
+from agentspec._fleet.ids import fleet_seq_id
+from agentspec._fleet.sub import FleetSubscriber
 
 pytestmark = requires_redis_server
 

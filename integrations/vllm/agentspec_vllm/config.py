@@ -51,7 +51,7 @@ which wins over the default.  Each key's environment variable is
   written for a tenant that has no fleet config in Redis yet (the first
   writer wins; the depth written is ``max_depth``).
 
-Byte budgets count live tree bytes per worker (see `agentspec._budget`); they
+Byte budgets count live tree bytes per worker (see `agentspec._core.budget`); they
 take an int or a size such as ``512MiB`` / ``1GiB``, and ``none`` turns a
 budget off.  Prefer the environment variable for ``api_key``: vLLM logs its
 configuration, additional config included.
@@ -66,14 +66,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._budget import (
+from agentspec._core.budget import (
     DEFAULT_MAX_LEARNED_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_MAX_TENANT_LEARNED_BYTES,
     DEFAULT_MAX_TENANT_SHARD_BYTES,
     parse_byte_size,
 )
-from agentspec._wire import DEFAULT_MAX_BODY_BYTES
+from agentspec._push.wire import DEFAULT_MAX_BODY_BYTES
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["ENV_PREFIX", "AgentSpecVllmConfig", "load_config"]

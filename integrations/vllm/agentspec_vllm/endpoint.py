@@ -6,7 +6,7 @@ only when ``VLLM_PLUGINS`` names it::
     VLLM_PLUGINS=agentspec python -m vllm.entrypoints.openai.api_server ... \\
         --worker-extension-cls agentspec_vllm.worker_ext.AgentSpecWorkerExtension
 
-It speaks exactly the push protocol of `agentspec._wire` (what `ShardPusher`
+It speaks exactly the push protocol of `agentspec._push.wire` (what `ShardPusher`
 sends and `ShardIntake` answers), under ``/v1`` so that vLLM's ``--api-key``
 guards it:
 
@@ -48,10 +48,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentspec._intake import ShardIntake
-from agentspec._log import get_logger
-from agentspec._tree import SuffixTree
-from agentspec._wire import (
+from agentspec._core.tree import SuffixTree
+from agentspec._push.intake import ShardIntake
+from agentspec._push.wire import (
     API_PREFIX,
     DELTA_PATH,
     INSTANCE_HEADER,
@@ -68,6 +67,7 @@ from agentspec._wire import (
     parse_content_length,
     write_shm_file,
 )
+from agentspec._util.log import get_logger
 from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
 

@@ -4,14 +4,14 @@ With ``redis_url`` set (``AGENTSPEC_VLLM_REDIS_URL``), the proposer makes one
 `WorkerFleet`:
 
 - **Subscribing.** The first request of a tenant starts a
-  `agentspec._fleet_sub.FleetSubscriber` for it (at most ``fleet_max_tenants``
+  `agentspec._fleet.sub.FleetSubscriber` for it (at most ``fleet_max_tenants``
   per worker; later tenants draft without fleet shards, logged once).  Its
   background thread loads the tenant's snapshots and tails the tenant's
   stream; the proposer drafts from the fleet tree of a request's shard key as
   one more tree beside its own learned and pushed shards.  Looking a tree up
   never waits on Redis (the subscriber double-buffers its trees).
 - **Publishing.** Each finished response is handed to one
-  `agentspec._fleet_pub.FleetPublisher`, whose queue and thread send it; the
+  `agentspec._fleet.pub.FleetPublisher`, whose queue and thread send it; the
   decode step only hashes it.  Its tokens are the prompt's last
   ``lead_tokens`` tokens followed by the output (what `agentspec.Speculator`
   learns, and what the client side learns with the same ``lead_tokens``);
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentspec import ShardKey, SuffixTree
-from agentspec._log import get_logger
+from agentspec._util.log import get_logger
 from agentspec.exceptions import AgentSpecError
 from agentspec.fleet import (
     FleetConfig,

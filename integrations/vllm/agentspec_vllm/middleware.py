@@ -14,14 +14,14 @@ For ``POST`` to the JSON generation routes (`TAGGED_PATHS`:
 ``/inference/v1/generate``, whose ``sampling_params.extra_args`` plays the part
 of ``vllm_xargs``) with a JSON body, the headers ``X-AgentSpec-Session``,
 ``X-AgentSpec-Stage`` and ``X-AgentSpec-Pipeline`` (percent-decoded, see
-`agentspec._tags.decode_header_value`) become ``vllm_xargs`` entries
+`agentspec._client.tags.decode_header_value`) become ``vllm_xargs`` entries
 ``agentspec_session``, ``agentspec_stage`` and ``agentspec_pipeline``.  Values
 already in the body win.  A header value that is not a valid tag (1..128
 characters, no control characters) gets a 400 answer.
 
 Tenants: when ``$AGENTSPEC_TENANT_KEYS`` names a JSON file mapping API keys
 to tenant names (``{"sk-team-a": "team-a"}``, read by
-`agentspec._tenants.load_tenant_keys`, the loader ``agentspec serve --engine
+`agentspec._push.tenants.load_tenant_keys`, the loader ``agentspec serve --engine
 embedded --tenant-keys`` uses too), the tenant of every such request is taken
 from its ``Authorization: Bearer`` key and overrides any ``agentspec_tenant``
 in the body (a client cannot pick another tenant's shards); a key that is not
@@ -49,16 +49,15 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from agentspec._log import get_logger
-from agentspec._shardkey import DEFAULT_TENANT
-from agentspec._tags import (
+from agentspec._client.tags import (
     HEADER_PIPELINE,
     HEADER_SESSION,
     HEADER_STAGE,
     check_tag,
     decode_header_value,
 )
-from agentspec._tenants import (
+from agentspec._core.shardkey import DEFAULT_TENANT
+from agentspec._push.tenants import (
     TENANT_KEYS_ENV,
     bearer_token,
     check_tenant_keys,
@@ -66,6 +65,7 @@ from agentspec._tenants import (
     tenant_keys_from_env,
     tenant_of,
 )
+from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [

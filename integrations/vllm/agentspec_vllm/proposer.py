@@ -59,9 +59,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from agentspec import Draft, DraftParams, GoodputController, ShardKey, Speculator, SuffixTree
-from agentspec._budget import LearnedBudget
-from agentspec._log import get_logger
-from agentspec._shardkey import DEFAULT_TENANT, check_key
+from agentspec._core.budget import LearnedBudget
+from agentspec._core.shardkey import DEFAULT_TENANT, check_key
+from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
 from agentspec_vllm.shards import pushed_tree, worker_intake
@@ -87,7 +87,7 @@ TAG_SESSION = "agentspec_session"
 #: The request identity fleet publications use (else vLLM's request id).
 TAG_REQUEST_ID = "agentspec_request_id"
 
-#: Longest fleet identity (agentspec._fleet_ids.MAX_IDENTITY, without importing redis).
+#: Longest fleet identity (agentspec._fleet.ids.MAX_IDENTITY, without importing redis).
 _MAX_IDENTITY = 256
 
 #: How many caller frames the runner is looked for in (propose <- runner method <- closure).

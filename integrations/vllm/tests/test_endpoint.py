@@ -37,8 +37,7 @@ from agentspec_vllm.endpoint import (
 )
 
 from agentspec import ShardIntake, SuffixTree
-from agentspec._procs import free_port, log_tail, spawn, stop_group, wait_healthy
-from agentspec._wire import (
+from agentspec._push.wire import (
     DELTA_PATH,
     INSTANCE_HEADER,
     SHARD_CONTENT_TYPE,
@@ -46,6 +45,7 @@ from agentspec._wire import (
     SNAPSHOT_FILE_PATH,
     SNAPSHOT_PATH,
 )
+from agentspec._util.procs import free_port, log_tail, spawn, stop_group, wait_healthy
 
 API_KEY = "test-key-123"
 SHARD_HEADERS = {"Content-Type": SHARD_CONTENT_TYPE}
@@ -313,7 +313,7 @@ class VllmServer:
     """One vLLM API server started with agentspec's flags (as ``agentspec serve`` builds them)."""
 
     def __init__(self, log_dir, *, api_key=API_KEY, env=None, extra_args=()):
-        from agentspec import cli_vllm
+        from agentspec._cli import vllm as cli_vllm
 
         self.log_dir = Path(log_dir)
         self.api_key = api_key

@@ -25,7 +25,7 @@ from agentspec_vllm.shards import reset_worker_intake
 from redis_server import RedisServer, requires_redis_server
 from test_proposer_unit import ANSWER, BEST, PROMPT, Loop, vllm_config
 
-from agentspec._fleet_names import FleetKeys
+from agentspec._fleet.names import FleetKeys
 from agentspec.exceptions import InvalidArgumentError
 from agentspec.fleet import FleetConfig, FleetPublisher, tenant_acl_rules
 
@@ -257,7 +257,7 @@ def test_fleet_settings() -> None:
 
 
 def test_vllm_args_emits_the_redis_url_in_the_environment() -> None:
-    from agentspec.cli_vllm import REDIS_URL_ENV, vllm_launch
+    from agentspec._cli.vllm import REDIS_URL_ENV, vllm_launch
 
     launch = vllm_launch(redis_url="unix:///tmp/r.sock", environ={})
     assert launch.env[REDIS_URL_ENV] == "unix:///tmp/r.sock"

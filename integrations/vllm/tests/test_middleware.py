@@ -22,7 +22,7 @@ from agentspec_vllm.middleware import (
     load_tenant_keys,
 )
 
-from agentspec._tenants import load_tenant_keys as agentspec_load_tenant_keys
+from agentspec._push.tenants import load_tenant_keys as agentspec_load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
 
 

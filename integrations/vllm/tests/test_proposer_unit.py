@@ -22,7 +22,7 @@ from agentspec_vllm.shards import reset_worker_intake
 from agentspec_vllm.worker_ext import AgentSpecWorkerExtension
 
 from agentspec import ShardIntake, Speculator, SuffixTree
-from agentspec._wire import SHARD_CONTENT_TYPE, SHARDS_PATH, SNAPSHOT_PATH, encode_key_query
+from agentspec._push.wire import SHARD_CONTENT_TYPE, SHARDS_PATH, SNAPSHOT_PATH, encode_key_query
 from agentspec.exceptions import InvalidArgumentError
 
 K = 8
@@ -522,7 +522,7 @@ def test_budget_settings_from_the_environment_and_the_config() -> None:
 
 
 def test_vllm_args_budgets_pass_the_plugin_check() -> None:
-    from agentspec.cli_vllm import vllm_launch
+    from agentspec._cli.vllm import vllm_launch
 
     launch = vllm_launch(
         agentspec_config={"max_shard_bytes": 1 << 29, "max_learned_bytes": None}, environ={}

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_endpoint import API_KEY, SHARD_HEADERS, VllmServer, need_vllm
 
 from agentspec import AgentSpecClient, ShardPusher, ShardStore
-from agentspec._wire import DELTA_PATH, INSTANCE_HEADER
+from agentspec._push.wire import DELTA_PATH, INSTANCE_HEADER
 
 pytestmark = pytest.mark.vllm
 

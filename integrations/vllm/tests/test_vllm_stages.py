@@ -17,7 +17,7 @@ import pytest
 from vllm_engines import QUESTIONS, chat_ids, extract_prompt, requires_vllm, spec_counters
 
 from agentspec import SuffixTree
-from agentspec._wire import SHARD_CONTENT_TYPE, SNAPSHOT_PATH, encode_key_query
+from agentspec._push.wire import SHARD_CONTENT_TYPE, SNAPSHOT_PATH, encode_key_query
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

@@ -1,0 +1,1 @@
+"""The ``agentspec`` command line: one module per command group."""

@@ -1,0 +1,155 @@
+"""``agentspec fleet status``: what a tenant's fleet log on Redis holds, per shard.
+
+For each tenant (``--tenant``, repeatable; default ``default``) it reads the
+stream (length, last id, compaction marks) and the snapshot index, then
+replays the log the way a subscriber does (a temporary, read-only
+`FleetSubscriber` that never compacts) to count each shard's sequences and
+tokens.  Per shard it shows:
+
+- ``sequences``, ``tokens``: what every subscriber at the log's end holds;
+- ``last id``: the shard's last stream entry (or its snapshot's covered id);
+- ``covered``: the stream id its snapshot covers, and ``snapshot age``:
+  now minus that id's time;
+- ``snapshot lag``: the stream's last id minus the covered id, in
+  milliseconds: how far a subscriber starting from the snapshots has to read.
+
+Then each live subscriber (replicas and other followers write a heartbeat
+about once a second; a gone one drops out within seconds): its name, host
+and pid, position, ``lag ms`` (the stream's last id minus its position
+when it wrote the heartbeat), ``behind ms`` (the stream's last id now minus
+its position), when it was last heard from, and whether it compacts (a
+read-only user does not).
+
+The Redis password never appears in the output (``***``).  A tenant without
+fleet data is reported as such; nothing is written to Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from agentspec._fleet.status import fleet_status
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = ["add_arguments", "run_status"]
+
+#: Environment variable with the Redis URL (as ``agentspec serve --redis``).
+_REDIS_ENV = "AGENTSPEC_REDIS_URL"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fleet`` subcommands to ``parser``."""
+    sub = parser.add_subparsers(dest="fleet_command", metavar="COMMAND")
+    st = sub.add_parser(
+        "status",
+        help="per shard: sequences, tokens, last id, snapshot age and lag",
+        description=(__doc__ or "").split("\n\n", 1)[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    st.add_argument(
+        "--redis", default=None, metavar="URL", help=f"Redis URL (default: ${_REDIS_ENV})"
+    )
+    st.add_argument(
+        "--tenant",
+        action="append",
+        default=None,
+        metavar="T",
+        help="tenant to show (repeatable; default: default)",
+    )
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="longest wait for replaying one tenant's log (default 30)",
+    )
+    st.set_defaults(func=run_status)
+    parser.set_defaults(func=None, _help=parser.print_help)
+
+
+def _aligned(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def _table(status: dict[str, Any]) -> str:
+    lines = [f"redis {status['redis']}"]
+    for tenant, t in status["tenants"].items():
+        if not t["exists"]:
+            lines.append(f"tenant {tenant}: no fleet data")
+            continue
+        st = t["stream"]
+        marks = ", ".join(
+            f"{k} {st[k]}" for k in ("depth", "budget", "round", "trimmed") if k in st
+        )
+        lines.append(
+            f"tenant {tenant}: stream {st['length']} entries, last id {st['last_id']}; {marks}"
+        )
+        header = (
+            "pipeline",
+            "stage",
+            "sequences",
+            "tokens",
+            "last id",
+            "covered",
+            "age s",
+            "lag ms",
+        )
+        rows: list[tuple[str, ...]] = [header]
+        for s in t["shards"]:
+            _, pipeline, stage = s["key"]
+            rows.append(
+                (
+                    pipeline or "-",
+                    stage or "-",
+                    str(s["sequences"]),
+                    str(s["tokens"]),
+                    s["last_id"],
+                    s["covered"] or "-",
+                    "-" if s["snapshot_age_s"] is None else f"{s['snapshot_age_s']:.1f}",
+                    "-" if s["snapshot_lag_ms"] is None else str(s["snapshot_lag_ms"]),
+                )
+            )
+        lines += _aligned(rows, "  ")
+        if not t["shards"]:
+            lines.append("  (no shards)")
+        subs = t["subscribers"]
+        lines.append(f"  subscribers: {len(subs)}")
+        rows = [("name", "position", "lag ms", "behind ms", "seen s ago", "applied", "compacts")]
+        for b in subs:
+            rows.append(
+                (
+                    b["name"],
+                    b["position"],
+                    str(b["lag_ms"]),
+                    str(b["behind_ms"]),
+                    f"{b['seen_s_ago']:.1f}",
+                    str(b["applied"]),
+                    "yes" if b["compacts"] else "no",
+                )
+            )
+        if subs:
+            lines += _aligned(rows, "    ")
+        if t["malformed_heartbeats"]:
+            lines.append(f"  malformed heartbeats: {t['malformed_heartbeats']}")
+    lines.append(f"note: {status['note']}")
+    return "\n".join(lines)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``agentspec fleet status``."""
+    url = args.redis or os.environ.get(_REDIS_ENV)
+    if not url:
+        raise InvalidArgumentError(f"give --redis URL (or set ${_REDIS_ENV})")
+    status = fleet_status(url, list(dict.fromkeys(args.tenant or ["default"])), args.timeout)
+    if args.json:
+        json.dump(status, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(_table(status))
+    return 0

@@ -1,0 +1,1 @@
+"""The drop-in openai client: learning finished calls, tags, streams, traces."""

@@ -1,0 +1,1 @@
+"""The drafting core: the native binding, trees, cursors, drafts, batches, speculators."""

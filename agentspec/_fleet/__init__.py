@@ -1,0 +1,1 @@
+"""The fleet: shards shared by every replica and learner through Redis Streams."""

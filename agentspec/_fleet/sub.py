@@ -1,0 +1,445 @@
+"""`FleetSubscriber`: one tenant's shards, kept in step with the fleet's Redis stream.
+
+A background thread (never a decode path) does everything that touches
+Redis: it loads the tenant's snapshots (`_fleet_load`), then tails the
+stream with blocking ``XREAD`` from there, validating each entry
+(`_fleet_entry`) and applying it to its shard (`_fleet_shard`) in stream
+order, and compacts from time to time (`_fleet_compact`).  Callers read
+the trees (`tree`, `trees`), `stats` and lag; they never wait on Redis.
+
+Convergence: the state of a shard is a function of the stream prefix read,
+so every subscriber at the same position holds the same sequences.  A
+subscriber reloads the snapshots whenever its position is no longer
+backed by the stream:
+
+- the entry at its position is gone (checked by `TAIL_INFO` after every
+  ``XREAD``, in the same round trip): the stream was trimmed past it, or a
+  Redis restart lost it (so what it read may differ from what Redis kept;
+  the check runs on whichever server answers, so a silent reconnect by
+  the client cannot hide a restart).  The tenant config is read again too.
+
+Failures are never fatal: a malformed entry is counted and skipped; Redis
+down or refusing anything makes the thread keep its trees, record the
+error (secrets removed) and reconnect with exponential backoff.
+
+Read-only users (`tenant_acl_rules` with ``read_only``): the subscriber
+only reads (its script runs as ``EVALSHA_RO``, the config is written only
+when Redis has none); a refused compaction turns compaction off for it and
+a refused heartbeat turns heartbeats off, each counted, never an error.
+About once a second it writes a heartbeat (`_fleet_heartbeat`) with its
+position and lag, which `agentspec fleet status` lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from agentspec._core.shardkey import ShardKey, check_key
+from agentspec._core.tree import SuffixTree
+from agentspec._fleet.compact import CompactionResult, compact
+from agentspec._fleet.config import FleetConfig, tenant_config
+from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
+from agentspec._fleet.entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
+from agentspec._fleet.heartbeat import Heartbeat, new_subscriber_id, write_heartbeat
+from agentspec._fleet.ids import ZERO, StreamId, format_id, parse_id
+from agentspec._fleet.load import load_snapshots
+from agentspec._fleet.names import FleetKeys
+from agentspec._fleet.scripts import TAIL_INFO
+from agentspec._fleet.shard import FleetShard
+from agentspec._fleet.stats import FleetShardStats, SubscriberStats
+from agentspec._util.log import get_logger
+
+__all__ = ["FleetSubscriber"]
+
+_log = get_logger()
+
+
+class FleetSubscriber:
+    """Follows one tenant's fleet stream into per-shard `SuffixTree`s.
+
+    Args:
+        url: Redis URL (``redis://``, ``rediss://`` or ``unix://``); its
+            password never appears in logs, errors or reprs.
+        tenant: the tenant whose stream to follow.
+        config: the tenant's config to write if Redis has none yet (the one
+            in Redis always wins, see `_fleet_config`).
+        block_ms: longest wait of one ``XREAD`` (also bounds how long
+            `pause`, `compact` and `close` wait for the thread).
+        batch: most entries read per ``XREAD``.
+        compact_every: compact once the stream holds this many entries
+            (0: never on its own; `compact` still works).
+        max_entry_bytes: larger entries are counted as malformed.
+        max_backoff: longest wait between reconnection attempts, seconds.
+        name: shown by ``agentspec fleet status`` (default ``host:pid``).
+        heartbeat_s: seconds between heartbeats (0: none; expire after
+            ``max(10, 5 * heartbeat_s)`` seconds unless renewed).
+        start: start the thread now (else call `start`).
+
+    The trees are the subscriber's: read and draft from them, never change
+    or close them.  After a reload a shard's tree is a new object, so look
+    trees up (`tree`) per use rather than keeping them.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        tenant: str,
+        *,
+        config: FleetConfig | None = None,
+        block_ms: int = 1000,
+        batch: int = 256,
+        compact_every: int = 1000,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        max_backoff: float = 2.0,
+        name: str | None = None,
+        heartbeat_s: float = 1.0,
+        start: bool = True,
+    ) -> None:
+        """Create the subscriber (see the class docstring)."""
+        self._keys = FleetKeys.of(tenant)
+        self._url = url
+        self._redactor = Redactor(url)
+        self._default = config if config is not None else FleetConfig()
+        self._block_ms = block_ms
+        self._batch = batch
+        self._compact_every = compact_every
+        self._max_entry_bytes = max_entry_bytes
+        self._max_backoff = max_backoff
+        self._name = name
+        self._heartbeat_s = heartbeat_s
+        self._next_beat = 0.0
+        #: This subscriber's id in heartbeats.
+        self.id = new_subscriber_id()
+        self._can_compact = True
+        self._can_beat = heartbeat_s > 0
+        self.config: FleetConfig | None = None  # the tenant's, once read from Redis
+        self._shards: dict[ShardKey, FleetShard] = {}
+        self._position: StreamId = ZERO
+        self._head: StreamId = ZERO
+        self._needs_load = True
+        self._connected = False
+        self._sessions = 0
+        self._since_compact_try = 0
+        self._n: dict[str, int] = dict.fromkeys(
+            ("applied", "duplicates", "malformed", "covered_skips", "loads", "compactions"), 0
+        )
+        self._n["bad_snapshots"] = 0
+        self._n["heartbeats"] = 0
+        self._n["denied"] = 0
+        self._last_error: str | None = None
+        self._last_compaction: CompactionResult | None = None
+        self._changed = threading.Condition(threading.RLock())
+        self._stop = threading.Event()
+        self._unpaused = threading.Event()
+        self._unpaused.set()
+        self._paused = False
+        self._compact_wanted = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"agentspec-fleet-sub-{self._keys.tenant[:32]}", daemon=True
+        )
+        if start:
+            self.start()
+
+    # --- public surface -----------------------------------------------------
+
+    @property
+    def tenant(self) -> str:
+        """The tenant followed."""
+        return self._keys.tenant
+
+    def start(self) -> None:
+        """Start the background thread (once)."""
+        self._thread.start()
+
+    def tree(self, key: object) -> SuffixTree | None:
+        """The current tree of a shard key, or None."""
+        shard = self._shards.get(check_key(key))
+        return None if shard is None else shard.tree
+
+    def trees(self) -> dict[ShardKey, SuffixTree]:
+        """The current tree of every shard."""
+        return {k: s.tree for k, s in list(self._shards.items())}
+
+    def stats(self) -> SubscriberStats:
+        """Counters, position, lag and per-shard stats (bookkeeping only; no tree is read)."""
+        with self._changed:
+            pos, head, n = self._position, self._head, self._n
+            shards = {
+                k: FleetShardStats(
+                    k,
+                    len(s.order),
+                    s.tokens,
+                    format_id(s.last_id),
+                    format_id(s.through),
+                    s.applied,
+                    s.duplicates,
+                    s.evicted,
+                )
+                for k, s in self._shards.items()
+            }
+            return SubscriberStats(
+                tenant=self.tenant,
+                connected=self._connected,
+                position=format_id(pos),
+                head=format_id(head),
+                lag_ms=max(0, head[0] - pos[0]) if pos < head else 0,
+                reconnects=max(0, self._sessions - 1),
+                last_error=self._last_error,
+                shards=shards,
+                applied=n["applied"],
+                duplicates=n["duplicates"],
+                malformed=n["malformed"],
+                covered_skips=n["covered_skips"],
+                loads=n["loads"],
+                compactions=n["compactions"],
+                bad_snapshots=n["bad_snapshots"],
+                id=self.id,
+                compacts=self._can_compact,
+                heartbeats=n["heartbeats"],
+                denied=n["denied"],
+            )
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds (checked at every change); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
+    def wait_for(self, stream_id: str | bytes, timeout: float) -> bool:
+        """Wait until the entry ``stream_id`` (e.g. from `FleetPublisher.flush`) was read."""
+        target = parse_id(stream_id)
+        return self.wait_until(lambda: self._position >= target and not self._needs_load, timeout)
+
+    def compact(self, timeout: float = 30.0) -> CompactionResult | None:
+        """Ask the thread for a compaction round now; its result, or None.
+
+        None: no round within ``timeout`` (Redis down, or another compactor
+        held the lease).
+        """
+        with self._changed:
+            done = self._n["compactions"]
+            self._last_compaction = None
+            self._compact_wanted.set()
+            ok = self._changed.wait_for(
+                lambda: not self._compact_wanted.is_set() or self._stop.is_set(), timeout
+            )
+            return self._last_compaction if ok and self._n["compactions"] > done else None
+
+    def pause(self, timeout: float = 30.0) -> bool:
+        """Stop reading the stream until `resume`; True once the thread has stopped."""
+        self._unpaused.clear()
+        return self.wait_until(lambda: self._paused, timeout)
+
+    def resume(self) -> None:
+        """Read the stream again after `pause`."""
+        self._unpaused.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the thread (it finishes its current ``XREAD``); the trees stay readable."""
+        self._stop.set()
+        self._unpaused.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> FleetSubscriber:
+        """Use in a ``with`` block; closed on exit."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the subscriber."""
+        self.close()
+
+    def __repr__(self) -> str:
+        """Tenant, redacted URL, position and shard count."""
+        return (
+            f"<FleetSubscriber tenant={self.tenant!r} url={self._redactor.url!r} "
+            f"position={format_id(self._position)} shards={len(self._shards)}>"
+        )
+
+    # --- the thread ---------------------------------------------------------
+
+    def _changed_now(self, **updates: Any) -> None:
+        with self._changed:
+            for name, value in updates.items():
+                setattr(self, name, value)
+            self._changed.notify_all()
+
+    def _on_error(self, exc: BaseException) -> None:
+        text = self._redactor.error(exc)
+        self._changed_now(_last_error=text, _connected=False)
+        _log.warning("agentspec fleet: subscriber error", url=self._redactor.url, error=text)
+
+    def _run(self) -> None:
+        retry_until_stopped(self._session, self._stop, self._on_error, maximum=self._max_backoff)
+        self._changed_now(_connected=False)
+
+    def _session(self) -> None:
+        """Connect, then tail until stopped (errors propagate)."""
+        client = open_client(self._url, socket_timeout=self._block_ms / 1000 + 10)
+        try:
+            client.ping()
+            self._needs_load |= self._read_config(client)
+            with self._changed:
+                self._sessions += 1
+                self._connected = True
+                self._changed.notify_all()
+            self._tail(client)
+        finally:
+            if self._stop.is_set() and self._can_beat:
+                with contextlib.suppress(redis.RedisError):  # leave the list now, not at expiry
+                    client.delete(self._keys.heartbeat(self.id))
+            client.close()
+
+    def _read_config(self, client: redis.Redis) -> bool:
+        """Read the tenant's config (keeping ours alive if Redis lost it); True: it changed."""
+        mine = self.config or self._default
+        try:
+            config = tenant_config(client, self._keys, mine)
+        except redis.exceptions.NoPermissionError:
+            # A read-only user before any writer: build with ours until one writes.
+            self._denied("writing the tenant config")
+            config = mine
+        changed, self.config = config != self.config, config
+        return changed
+
+    def _denied(self, what: str) -> None:
+        self._n["denied"] += 1
+        _log.info("agentspec fleet: subscriber may not write", tenant=self.tenant, refused=what)
+
+    def _beat(self, client: redis.Redis) -> None:
+        """Write a heartbeat if one is due (turned off for good if refused)."""
+        now = time.monotonic()
+        if not self._can_beat or now < self._next_beat:
+            return
+        self._next_beat = now + self._heartbeat_s
+        st = self.stats()
+        beat = Heartbeat.now(
+            self.id,
+            self._name,
+            position=st.position,
+            head=st.head,
+            lag_ms=st.lag_ms,
+            applied=st.applied,
+            malformed=st.malformed,
+            loads=st.loads,
+            reconnects=st.reconnects,
+            compacts=st.compacts,
+        )
+        try:
+            write_heartbeat(client, self._keys, beat, int(max(10.0, 5 * self._heartbeat_s) * 1000))
+        except redis.exceptions.NoPermissionError:
+            self._can_beat = False
+            self._denied("its heartbeat")
+        else:
+            self._n["heartbeats"] += 1
+
+    def _tail(self, client: redis.Redis) -> None:
+        sha = client.script_load(TAIL_INFO)
+        keys = self._keys
+        while not self._stop.is_set():
+            if not self._unpaused.is_set():
+                self._changed_now(_paused=True)
+                self._unpaused.wait()
+                self._changed_now(_paused=False)
+                continue
+            if self._needs_load:
+                self._load(client)
+            if self._compact_wanted.is_set():
+                self._compact(client)
+            self._beat(client)
+            read_from = format_id(self._position)
+            pipe = client.pipeline(transaction=False)
+            pipe.xread({keys.log: read_from}, count=self._batch, block=self._block_ms)
+            pipe.evalsha_ro(sha, 2, keys.meta, keys.log, read_from)
+            try:
+                reply, (backed, head, length) = pipe.execute()
+            except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
+                sha = client.script_load(TAIL_INFO)
+                continue
+            if not backed:
+                # Trimmed past, or lost by a Redis restart (perhaps behind a silent
+                # reconnect): what we hold may differ from what the stream still has.
+                self._needs_load = True
+                continue
+            entries = reply[0][1] if reply else []
+            self._apply(entries)
+            self._changed_now(_head=max(parse_id(head), self._position))
+            self._since_compact_try += len(entries)
+            every = self._compact_every
+            if (
+                every
+                and self._can_compact
+                and int(length) >= every
+                and self._since_compact_try >= max(1, every // 4)
+            ):
+                self._compact(client)
+
+    def _load(self, client: redis.Redis) -> None:
+        self._read_config(client)
+        assert self.config is not None
+        state = load_snapshots(client, self._keys, self.config.max_depth)
+        with self._changed:
+            self._shards = state.shards
+            self._position = state.position
+            self._needs_load = False
+            self._n["loads"] += 1
+            self._n["bad_snapshots"] += state.bad_snapshots
+            self._changed.notify_all()
+
+    def _apply(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        config, n = self.config, self._n
+        assert config is not None
+        touched: set[FleetShard] = set()
+        for raw_id, fields in entries:
+            eid = parse_id(raw_id)
+            try:
+                entry = decode_entry(fields, self.tenant, config.max_depth, self._max_entry_bytes)
+            except BadEntryError as e:
+                n["malformed"] += 1
+                _log.warning(
+                    "agentspec fleet: malformed entry skipped", id=format_id(eid), reason=e.reason
+                )
+            else:
+                shard = self._shards.get(entry.key)
+                if shard is None:
+                    shard = FleetShard.empty(entry.key, config.max_depth)
+                    with self._changed:
+                        self._shards[entry.key] = shard
+                if eid <= shard.through:
+                    n["covered_skips"] += 1
+                elif shard.apply(entry, eid, config.max_shard_tokens):
+                    n["applied"] += 1
+                    touched.add(shard)
+                else:
+                    n["duplicates"] += 1
+        for shard in touched:
+            shard.sync()
+        if entries:
+            self._changed_now(_position=parse_id(entries[-1][0]))
+
+    def _compact(self, client: redis.Redis) -> None:
+        self._since_compact_try = 0
+        result: CompactionResult | None = None
+        if self._can_compact:
+            try:
+                result = compact(client, self._keys, list(self._shards.values()), self._position)
+            except redis.exceptions.NoPermissionError:
+                self._can_compact = False  # a read-only user: writers compact
+                self._denied("compaction")
+        with self._changed:
+            if result is not None:
+                self._n["compactions"] += 1
+                self._last_compaction = result
+            self._compact_wanted.clear()
+            self._changed.notify_all()

@@ -1,0 +1,1 @@
+"""The shard store: shards on disk (snapshots + journal) and its fleet outbox."""

@@ -1,0 +1,1 @@
+"""Foundation: argument checks, logging, API key variables, server processes, CLI helpers."""

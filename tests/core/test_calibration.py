@@ -1,0 +1,71 @@
+"""`agentspec._core.calibration`: conditional probabilities and the online acceptance correction."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
+
+
+def test_conditional_probs_divide_by_the_parent_path():
+    # chain: 0.8, 0.8*0.5, 0.8*0.5*1.0
+    assert conditional_probs([0.8, 0.4, 0.4], [-1, 0, 1]) == pytest.approx([0.8, 0.5, 1.0])
+    # tree: two children of the context, one grandchild under the second
+    assert conditional_probs([0.6, 0.4, 0.1], [-1, -1, 1]) == pytest.approx([0.6, 0.4, 0.25])
+    assert conditional_probs([0.0, 0.0], [-1, 0]) == [0.0, 0.0]  # no division by zero
+
+
+def test_an_unseen_group_or_bucket_keeps_the_estimate():
+    cal = AcceptanceCalibrator()
+    assert cal.correct("g", 0.73) == 0.73
+    cal.observe("g", [0.95], 1)
+    assert cal.correct("g", 0.33) == pytest.approx(0.33)  # another bucket
+    assert cal.correct("other", 0.95) == 0.95
+
+
+def test_only_verified_tokens_are_observations():
+    cal = AcceptanceCalibrator(buckets=10)
+    cal.observe("g", [0.95, 0.95, 0.15, 0.15], 1)  # token 0 kept, token 1 rejected
+    rows = {round(b.low, 1): b for b in cal.table("g")}
+    assert (rows[0.9].verified, rows[0.9].accepted) == (2, 1)
+    assert rows[0.1].verified == 0  # after the rejection nothing was verified
+
+
+def test_the_correction_converges_on_noisy_synthetic_outcomes():
+    """Estimates of 0.9 that are accepted 60% of the time are corrected to about 0.6."""
+    rng = random.Random(7)
+    cal = AcceptanceCalibrator(prior=8.0)
+    for _ in range(3000):
+        p = 0.9 + 0.09 * rng.random()
+        kept = 0
+        for _ in range(4):  # a chain of 4 such tokens
+            if rng.random() < 0.6:
+                kept += 1
+            else:
+                break
+        cal.observe(("sql", "stage"), [p] * 4, kept)
+    assert cal.correct(("sql", "stage"), 0.95) == pytest.approx(0.6, abs=0.03)
+    # A group that is right keeps its estimates.
+    for _ in range(3000):
+        cal.observe("ok", [0.35], 1 if rng.random() < 0.35 else 0)
+    assert cal.correct("ok", 0.35) == pytest.approx(0.35, abs=0.03)
+
+
+def test_counts_are_halved_at_the_horizon_so_drift_is_followed():
+    cal = AcceptanceCalibrator(prior=4.0, horizon=200.0)
+    for _ in range(1000):
+        cal.observe("g", [0.85], 1)
+    assert cal.correct("g", 0.85) > 0.95
+    for _ in range(1000):
+        cal.observe("g", [0.85], 0)
+    assert cal.correct("g", 0.85) < 0.05
+    assert max(b.verified for b in cal.table("g")) <= 200
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="buckets"):
+        AcceptanceCalibrator(buckets=0)
+    with pytest.raises(ValueError, match="prior"):
+        AcceptanceCalibrator(prior=0)

@@ -1,0 +1,133 @@
+"""scripts/check_imports.py: the package has no import circle and no import up a layer.
+
+The real tree must be clean; small fake trees show that each rule fails
+when broken (a circle through a function-level import, an import of a
+higher layer under ``TYPE_CHECKING``, a module in no layer).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "check_imports.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_imports", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check_imports = _load()
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in {"agentspec/__init__.py": "", **files}.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_package_is_clean() -> None:
+    assert check_imports.check(REPO) == []
+
+
+def test_the_script_passes_on_the_package() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no circle" in proc.stdout
+
+
+def test_every_module_of_the_package_is_in_a_layer() -> None:
+    for module in check_imports.module_files(REPO):
+        assert check_imports.layer_of(module) is not None, module
+
+
+def test_a_clean_fake_tree_passes(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": "from agentspec.exceptions import X\n",
+            "agentspec/_store/__init__.py": "",
+            "agentspec/_store/store.py": "from agentspec._core import tree\n",
+            "agentspec/exceptions.py": "",
+        },
+    )
+    assert check_imports.check(root) == []
+
+
+def test_an_import_up_a_layer_fails_even_for_type_checking(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from agentspec._store.store import ShardStore\n"
+            ),
+            "agentspec/_store/__init__.py": "",
+            "agentspec/_store/store.py": "",
+        },
+    )
+    problems = check_imports.check(root)
+    assert len(problems) == 1
+    assert "agentspec._core.tree (core) imports agentspec._store.store (store)" in problems[0]
+    assert "tree.py:3" in problems[0]
+
+
+def test_a_circle_through_a_function_level_import_fails(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/draft.py": "def f():\n    from agentspec._core import tree\n",
+            "agentspec/_core/tree.py": "from agentspec._core.draft import f\n",
+        },
+    )
+    problems = check_imports.check(root)
+    assert len(problems) == 1
+    assert problems[0].startswith("import circle:")
+    assert "agentspec._core.draft -> agentspec._core.tree (line 2)" in problems[0]
+    assert "agentspec._core.tree -> agentspec._core.draft (line 1)" in problems[0]
+
+
+def test_a_relative_import_is_resolved(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": "from ..fleet import x\n",
+            "agentspec/fleet.py": "",
+        },
+    )
+    problems = check_imports.check(root)
+    assert len(problems) == 1 and "imports agentspec.fleet (fleet)" in problems[0]
+
+
+def test_a_module_in_no_layer_fails(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"agentspec/_misc.py": ""})
+    assert check_imports.check(root) == [
+        "agentspec._misc: in no layer (add it to LAYERS in check_imports.py)"
+    ]
+
+
+@pytest.mark.parametrize("module", ["agentspec", "agentspec.__main__", "agentspec._cli.vllm"])
+def test_the_facade_and_the_cli_are_on_top(module: str) -> None:
+    # the facade sits above the client; the command line above everything
+    layer = check_imports.layer_of(module)
+    assert layer is not None
+    assert layer > check_imports.layer_of("agentspec._client.client")
