@@ -69,9 +69,8 @@ def test_a_clean_fake_tree_passes(tmp_path: Path) -> None:
     assert check_imports.check(root) == []
 
 
-def test_an_import_up_a_layer_fails_even_for_type_checking(tmp_path: Path) -> None:
-    root = _tree(
-        tmp_path,
+BROKEN = {
+    "an import up a layer, under TYPE_CHECKING": (
         {
             "agentspec/_core/__init__.py": "",
             "agentspec/_core/tree.py": (
@@ -82,40 +81,41 @@ def test_an_import_up_a_layer_fails_even_for_type_checking(tmp_path: Path) -> No
             "agentspec/_store/__init__.py": "",
             "agentspec/_store/store.py": "",
         },
-    )
-    problems = check_imports.check(root)
-    assert len(problems) == 1
-    assert "agentspec._core.tree (core) imports agentspec._store.store (store)" in problems[0]
-    assert "tree.py:3" in problems[0]
-
-
-def test_a_circle_through_a_function_level_import_fails(tmp_path: Path) -> None:
-    root = _tree(
-        tmp_path,
+        [
+            "tree.py:3: ",
+            "agentspec._core.tree (core) imports agentspec._store.store (store), a higher layer",
+        ],
+    ),
+    "a circle through a function-level import": (
         {
             "agentspec/_core/__init__.py": "",
             "agentspec/_core/draft.py": "def f():\n    from agentspec._core import tree\n",
             "agentspec/_core/tree.py": "from agentspec._core.draft import f\n",
         },
-    )
-    problems = check_imports.check(root)
-    assert len(problems) == 1
-    assert problems[0].startswith("import circle:")
-    assert "agentspec._core.draft -> agentspec._core.tree (line 2)" in problems[0]
-    assert "agentspec._core.tree -> agentspec._core.draft (line 1)" in problems[0]
-
-
-def test_a_relative_import_is_resolved(tmp_path: Path) -> None:
-    root = _tree(
-        tmp_path,
+        [
+            "import circle: ",
+            "agentspec._core.draft -> agentspec._core.tree (line 2)",
+            "agentspec._core.tree -> agentspec._core.draft (line 1)",
+        ],
+    ),
+    "a relative import of a higher layer": (
         {
             "agentspec/_core/__init__.py": "",
             "agentspec/_core/tree.py": "from ..fleet import x\n",
             "agentspec/fleet.py": "",
         },
-    )
-    problems = check_imports.check(root)
-    assert len(problems) == 1 and "imports agentspec.fleet (fleet)" in problems[0]
+        ["agentspec._core.tree (core) imports agentspec.fleet (fleet)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_rule_fails(tmp_path: Path, case: str) -> None:
+    files, expected = BROKEN[case]
+    problems = check_imports.check(_tree(tmp_path, files))
+    assert len(problems) == 1, problems
+    for part in expected:
+        assert part in problems[0]
 
 
 def test_a_module_in_no_layer_fails(tmp_path: Path) -> None:
