@@ -21,7 +21,8 @@ SCRIPT = REPO / "scripts" / "check_imports.py"
 
 def _load() -> ModuleType:
     spec = importlib.util.spec_from_file_location("check_imports", SCRIPT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
