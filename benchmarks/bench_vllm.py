@@ -416,6 +416,33 @@ class Server:
                 drafted += float(line.rsplit(" ", 1)[1])
         return acc, drafts, drafted
 
+    def goodput_line(self) -> str:
+        """The workers' goodput controllers as one line (agentspec servers), or ''.
+
+        Read from ``/v1/agentspec/stats``: whether the controller cuts, its
+        step-cost fit (ms per step / per request / per verified token) and the
+        draft tokens it kept of those offered so far.
+        """
+        try:
+            with urllib.request.urlopen(self.url + "/v1/agentspec/stats", timeout=10) as r:
+                workers = json.loads(r.read().decode()).get("workers", [])
+        except (OSError, ValueError) as e:
+            return f"goodput stats unavailable ({e})"
+        parts = []
+        for w in workers:
+            proposer = w.get("proposer") if isinstance(w, dict) else None
+            g = proposer.get("goodput") if isinstance(proposer, dict) else None
+            if not isinstance(g, dict):
+                continue
+            sec = g.get("step_cost", {}).get("seconds", {})
+            offered, kept = g.get("offered", 0), g.get("kept", 0)
+            parts.append(
+                f"active={g.get('active')} fit ms: step {1e3 * sec.get('per_step', 0):.1f} "
+                f"request {1e3 * sec.get('per_request', 0):.2f} "
+                f"token {1e3 * sec.get('per_token', 0):.2f}; kept {kept}/{offered}"
+            )
+        return "; ".join(parts)
+
 
 # --- requests -----------------------------------------------------------------------
 
@@ -560,6 +587,8 @@ def bench_method(
                 res.accepted, res.drafts, res.drafted = acc1 - acc0, dr1 - dr0, dt1 - dt0
                 results.append(res)
                 print(f"  {method:17s} c={c:<3d} {fmt_row(res)}", flush=True)
+                if ours:
+                    print(f"    goodput after c={c}: {server.goodput_line()}", flush=True)
         finally:
             if client is not plain:
                 client.close()
