@@ -338,7 +338,8 @@ def replay_raw(reqs: Sequence[Request], cfg: Config) -> Counters:
     It shows what the engine itself costs, so that the difference to
     ``agentspec-cursor`` is the Python wrapper's per-call cost.
     """
-    from agentspec import DraftParams, SuffixTree, lowlevel
+    from agentspec import DraftParams, SuffixTree
+    from agentspec._core import lowlevel
 
     tree = SuffixTree(max_depth=cfg.depth)
     params = DraftParams(
