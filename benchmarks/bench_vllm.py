@@ -436,10 +436,20 @@ class Server:
                 continue
             sec = g.get("step_cost", {}).get("seconds", {})
             offered, kept = g.get("offered", 0), g.get("kept", 0)
+            fit = ", ".join(
+                f"{size}: {1e3 * r['seconds']:.0f}/{1e3 * r['predicted']:.0f}"
+                for size, r in g.get("step_cost", {}).get("by_tokens", {}).items()
+            )
+            acc = ", ".join(
+                f"{size}: {a['expected']:.0f}/{a['accepted']}/{a['tokens']}"
+                for size, a in g.get("acceptance_by_batch", {}).items()
+            )
             parts.append(
                 f"active={g.get('active')} fit ms: step {1e3 * sec.get('per_step', 0):.1f} "
                 f"request {1e3 * sec.get('per_request', 0):.2f} "
                 f"token {1e3 * sec.get('per_token', 0):.2f}; kept {kept}/{offered}"
+                f"\n      step ms actual/predicted by verified tokens: {fit or '-'}"
+                f"\n      draft tokens expected/accepted/verified by batch: {acc or '-'}"
             )
         return "; ".join(parts)
 

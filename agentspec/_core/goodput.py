@@ -55,7 +55,17 @@ from typing import Any
 from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
 from agentspec._core.draft import Draft
 
-__all__ = ["GoodputController", "StepCostModel", "allocate", "trim_draft"]
+__all__ = ["GoodputController", "StepCostModel", "allocate", "size_class", "trim_draft"]
+
+
+def size_class(n: int) -> int:
+    """The size class of a count: 1 for 1, 2 for 2-3, 3 for 4-7, 4 for 8-15, ..."""
+    return max(int(n), 1).bit_length()
+
+
+def _class_label(k: int) -> str:
+    """``size_class`` ``k`` as the range it covers ("1", "2-3", "4-7", ...)."""
+    return "1" if k <= 1 else f"{1 << (k - 1)}-{(1 << k) - 1}"
 
 
 class StepCostModel:
@@ -82,6 +92,8 @@ class StepCostModel:
         self._theta = [0.0, 0.0, 0.0]
         # P = (X^T X)^-1, started large (weak prior at zero)
         self._p = [[1.0 / prior if i == j else 0.0 for j in range(3)] for i in range(3)]
+        # size class of the verified tokens -> [steps, seconds, predicted seconds]
+        self._by_size: dict[int, list[float]] = {}
 
     @property
     def ready(self) -> bool:
@@ -104,6 +116,11 @@ class StepCostModel:
         if self.ready and seconds > self.outlier_factor * max(self.predict(batch, tokens), 1e-9):
             self.outliers += 1  # a pause (idle engine, preemption), not a step
             return
+        if self.ready:  # how well the fit predicted this step, before it learns from it
+            tally = self._by_size.setdefault(size_class(tokens), [0, 0.0, 0.0])
+            tally[0] += 1
+            tally[1] += seconds
+            tally[2] += self.predict(batch, tokens)
         x = (1.0, float(batch), float(tokens))
         p, lam = self._p, self.decay
         px = [sum(p[i][j] * x[j] for j in range(3)) for i in range(3)]
@@ -122,6 +139,20 @@ class StepCostModel:
     def token_cost(self) -> float:
         """Marginal seconds of verifying one more token."""
         return self.coefficients[2]
+
+    def residuals(self) -> dict[str, dict[str, float]]:
+        """Per size class of the verified tokens ("1", "2-3", "4-7", ...): the steps
+        observed once the model was ready, their mean seconds and the mean the
+        fit predicted for them just before seeing each.  A linear fit that is
+        wrong for large steps shows here as actual above predicted."""
+        return {
+            _class_label(k): {
+                "steps": int(n),
+                "seconds": total / n,
+                "predicted": predicted / n,
+            }
+            for k, (n, total, predicted) in sorted(self._by_size.items())
+        }
 
 
 def allocate(
@@ -210,6 +241,10 @@ class GoodputController:
         self.enabled = enabled
         self.offered = 0  # draft tokens offered to `trim`
         self.kept = 0  # of those, kept
+        # Acceptance as predicted and as observed, per size class of the batch
+        # of the step that verified the drafts: [drafts, tokens, expected, accepted]
+        self._by_batch: dict[int, list[float]] = {}
+        self._batch_class = size_class(1)  # the batch of the last `trim`
 
     @property
     def active(self) -> bool:
@@ -240,6 +275,7 @@ class GoodputController:
         n = len(drafts)
         if len(groups) != n or (caps is not None and len(caps) != n):
             raise ValueError("drafts, groups and caps must have one entry per request")
+        self._batch_class = size_class(n)
         offered = sum(len(d.token_ids) for d in drafts)
         self.offered += offered
         if not self.enabled or not self.cost.ready:
@@ -277,6 +313,7 @@ class GoodputController:
             return
         cond = conditional_probs(draft.probs[:n], parents)
         if cond:
+            self._tally(group, draft, len(draft.token_ids), min(max(0, accepted), n))
             self.calibrator.observe(group, cond, min(max(0, accepted), n))
 
     def observe_verified(self, group: Hashable, draft: Draft, tokens: Sequence[int]) -> int:
@@ -298,6 +335,7 @@ class GoodputController:
             while k < n and ids[k] == tokens[k]:
                 k += 1
             verified = k + 1 if k < n else k  # a rejection only where a token was compared
+            self._tally(group, draft, len(ids), k)
             cond = conditional_probs(draft.probs[:verified], parents[:verified])
             self.calibrator.observe_outcomes(group, [(c, i < k) for i, c in enumerate(cond)])
             return k
@@ -321,8 +359,18 @@ class GoodputController:
             if nxt < 0:
                 break
             node, k = nxt, k + 1
+        self._tally(group, draft, len(ids), k)
         self.calibrator.observe_outcomes(group, outcomes)
         return k
+
+    def _tally(self, group: Hashable, draft: Draft, verified: int, accepted: int) -> None:
+        """Count a verified draft's expected (corrected, before this outcome is
+        learned) and accepted tokens under the batch class of the last step."""
+        tally = self._by_batch.setdefault(self._batch_class, [0, 0, 0.0, 0])
+        tally[0] += 1
+        tally[1] += verified
+        tally[2] += sum(self.corrected_path_probs(draft, group)[:verified])
+        tally[3] += accepted
 
     def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
         """Report a verification step: ``batch`` requests, ``tokens`` verified, its time."""
@@ -330,8 +378,12 @@ class GoodputController:
 
     def stats(self) -> dict[str, Any]:
         """What the controller has learned and done so far (JSON-ready): whether it
-        cuts now, the step-cost fit (seconds = c0 + c1 * batch + c2 * tokens), and
-        the draft tokens offered to `trim` and kept."""
+        cuts now, the step-cost fit (seconds = c0 + c1 * batch + c2 * tokens) with
+        its predictions against the observed step times per size class of the
+        verified tokens (`StepCostModel.residuals`), the draft tokens offered to
+        `trim` and kept, and per size class of the step's batch the verified
+        drafts' expected accepted tokens (corrected probabilities) against the
+        accepted ones."""
         cost = self.cost
         c0, c1, c2 = cost.coefficients
         return {
@@ -342,8 +394,18 @@ class GoodputController:
                 "samples": cost.samples,
                 "pauses_ignored": cost.outliers,
                 "seconds": {"per_step": c0, "per_request": c1, "per_token": c2},
+                "by_tokens": cost.residuals(),
             },
             "offered": self.offered,
             "kept": self.kept,
+            "acceptance_by_batch": {
+                _class_label(k): {
+                    "drafts": int(d),
+                    "tokens": int(t),
+                    "expected": e,
+                    "accepted": int(a),
+                }
+                for k, (d, t, e, a) in sorted(self._by_batch.items())
+            },
             "calibration_groups": len(self.calibrator.groups()),
         }

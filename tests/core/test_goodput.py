@@ -163,3 +163,57 @@ def test_speculator_tree_drafts_feed_the_calibrator():
     rows = ctl.calibrator.table(group)
     assert sum(b.verified for b in rows) >= 3  # 5, then both of its children
     assert sum(b.accepted for b in rows) == 2  # 5 and 9
+
+
+def test_residuals_compare_each_size_class_with_what_the_fit_predicted():
+    def cost(b, t):
+        return 0.03 + 0.0005 * b + 0.001 * t
+
+    m = StepCostModel(min_samples=16)
+    rng = random.Random(7)
+    for _ in range(400):
+        b = rng.randint(1, 20)
+        t = b + rng.randint(0, 2 * b)
+        m.observe(b, t, cost(b, t))
+    res = m.residuals()
+    assert sum(r["steps"] for r in res.values()) == 400 - 16  # counted once the fit is ready
+    assert set(res) == {"2-3", "4-7", "8-15", "16-31", "32-63"} | ({"1"} & set(res))
+    for r in res.values():  # a linear cost is predicted well at every size
+        assert r["seconds"] == pytest.approx(r["predicted"], rel=0.05)
+    m.observe(40, 100, 2 * cost(40, 100))  # a large step, twice as slow as the line says
+    assert m.residuals()["64-127"] == {
+        "steps": 1,
+        "seconds": pytest.approx(2 * cost(40, 100)),
+        "predicted": pytest.approx(cost(40, 100), rel=0.01),
+    }
+    assert StepCostModel().residuals() == {}
+
+
+def test_stats_compare_expected_and_accepted_draft_tokens_per_batch_class():
+    from agentspec import Draft, GoodputController
+
+    chain = Draft([5, 6, 7], [-1, 0, 1], [0.5, 0.25, 0.125], 0.875, 3, "local")
+    ctl = GoodputController()
+    expected = []  # what each report expects, corrected with what was learned before it
+
+    def report(tokens):
+        expected.append(sum(ctl.corrected_path_probs(chain, "g")))
+        return ctl.observe_verified("g", chain, tokens)
+
+    ctl.trim([chain, chain, chain], ["g"] * 3)  # a step of three requests
+    assert report([5, 6, 1]) == 2
+    assert report([9]) == 0
+    ctl.trim([chain], ["g"])  # then a step of one
+    assert report([5, 6, 7, 2]) == 3
+    assert expected[0] == pytest.approx(0.875)  # nothing learned yet: the tree's own
+    assert expected[1] != pytest.approx(expected[0])
+    by_batch = ctl.stats()["acceptance_by_batch"]
+    assert by_batch == {
+        "1": {"drafts": 1, "tokens": 3, "expected": pytest.approx(expected[2]), "accepted": 3},
+        "2-3": {
+            "drafts": 2,
+            "tokens": 6,
+            "expected": pytest.approx(expected[0] + expected[1]),
+            "accepted": 2,
+        },
+    }
