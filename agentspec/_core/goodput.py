@@ -52,7 +52,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
+from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs, draft_depths
 from agentspec._core.draft import Draft
 
 __all__ = ["GoodputController", "StepCostModel", "allocate", "size_class", "trim_draft"]
@@ -246,6 +246,11 @@ class GoodputController:
         self._by_batch: dict[int, list[float]] = {}
         self._batch_class = size_class(1)  # the batch of the last `trim`
 
+    def note_batch(self, batch: int) -> None:
+        """Tell the controller the batch of a step whose drafts bypass `trim` (the
+        fixed policy), so acceptance is tallied under the right batch class."""
+        self._batch_class = size_class(batch)
+
     @property
     def active(self) -> bool:
         """Whether `trim` cuts drafts now (enabled, and the cost model is ready)."""
@@ -253,7 +258,10 @@ class GoodputController:
 
     def corrected_path_probs(self, draft: Draft, group: Hashable) -> list[float]:
         """Each node's probability of being accepted with its whole path, corrected."""
-        cond = self.calibrator.correct_all(group, conditional_probs(draft.probs, draft.parents))
+        parents = draft.parents
+        cond = self.calibrator.correct_all(
+            group, conditional_probs(draft.probs, parents), draft_depths(parents)
+        )
         path: list[float] = []
         for i, c in enumerate(cond):
             j = draft.parents[i]
@@ -340,10 +348,12 @@ class GoodputController:
             self.calibrator.observe_outcomes(group, [(c, i < k) for i, c in enumerate(cond)])
             return k
         cond = conditional_probs(draft.probs, parents)
+        depth = draft_depths(parents)
         children: dict[int, list[int]] = {}
         for i, j in enumerate(parents):
             children.setdefault(j, []).append(i)
         outcomes: list[tuple[float, bool]] = []
+        depths: list[int] = []
         node, k = -1, 0
         while k < len(tokens):
             kids = children.get(node)
@@ -354,13 +364,14 @@ class GoodputController:
             for c in kids:
                 ok = nxt < 0 and ids[c] == want
                 outcomes.append((cond[c], ok))
+                depths.append(depth[c])
                 if ok:
                     nxt = c
             if nxt < 0:
                 break
             node, k = nxt, k + 1
         self._tally(group, draft, len(ids), k)
-        self.calibrator.observe_outcomes(group, outcomes)
+        self.calibrator.observe_outcomes(group, outcomes, depths)
         return k
 
     def _tally(self, group: Hashable, draft: Draft, verified: int, accepted: int) -> None:

@@ -135,6 +135,7 @@ def _control(
 ) -> list[Draft]:
     """Cut drafts with the goodput controller; remember them for `extend`."""
     if caps is None and not ctl.active:  # the fixed policy, at the least cost
+        ctl.note_batch(len(drafts))
         for r, d in zip(reqs, drafts, strict=True):
             r.last = d if d.token_ids else None
         return drafts

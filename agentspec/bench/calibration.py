@@ -12,7 +12,8 @@ It reports, per trace:
   calibration error (ECE: the token-weighted mean of ``|observed -
   predicted|`` over buckets) and the Brier score;
 - the same after the online correction of `AcceptanceCalibrator`, learned
-  per (stage, source tree) while replaying: each draft is scored with the
+  per (stage, source tree) and depth in the draft, shrunk towards every
+  group's rate at that depth, while replaying: each draft is scored with the
   correction learned from the drafts before it (prequential), so the gain
   is what a live controller would get;
 - per (stage, source): tokens, mean bias (observed minus predicted) and

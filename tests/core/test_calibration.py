@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
+from agentspec._core.calibration import (
+    AcceptanceCalibrator,
+    conditional_probs,
+    depth_class,
+    draft_depths,
+)
 
 
 def test_conditional_probs_divide_by_the_parent_path():
@@ -17,12 +22,46 @@ def test_conditional_probs_divide_by_the_parent_path():
     assert conditional_probs([0.0, 0.0], [-1, 0]) == [0.0, 0.0]  # no division by zero
 
 
-def test_an_unseen_group_or_bucket_keeps_the_estimate():
+def test_an_unseen_bucket_keeps_the_estimate_and_a_new_group_starts_from_the_others():
     cal = AcceptanceCalibrator()
     assert cal.correct("g", 0.73) == 0.73
-    cal.observe("g", [0.95], 1)
+    for _ in range(200):
+        cal.observe("g", [0.95], 0)  # first tokens at 0.95, all rejected
     assert cal.correct("g", 0.33) == pytest.approx(0.33)  # another bucket
-    assert cal.correct("other", 0.95) == 0.95
+    assert cal.correct("g", 0.95) < 0.05
+    # a group never seen shrinks towards what every group saw at that depth and bucket
+    assert cal.correct("other", 0.95) < 0.05
+    assert cal.correct("other", 0.95, depth=1) == pytest.approx(0.95)  # another depth
+
+
+def test_depth_classes():
+    assert [depth_class(d) for d in range(10)] == [0, 1, 2, 2, 3, 3, 3, 3, 4, 4]
+    assert depth_class(500) == 4
+    assert draft_depths([-1, 0, 1, -1, 3]) == [0, 1, 2, 0, 1]
+
+
+def test_deep_tokens_are_corrected_apart_from_first_ones():
+    """First and second tokens at 0.95 are accepted 90% of the time, third and fourth 50%."""
+    rng = random.Random(3)
+    cal = AcceptanceCalibrator()
+    for _ in range(4000):
+        kept = 0
+        for rate in (0.9, 0.9, 0.5, 0.5):
+            if rng.random() >= rate:
+                break
+            kept += 1
+        cal.observe("g", [0.95] * 4, kept)
+    assert cal.correct("g", 0.95) == pytest.approx(0.9, abs=0.03)
+    assert cal.correct("g", 0.95, depth=3) == pytest.approx(0.5, abs=0.05)
+    assert cal.correct_all("g", [0.95] * 4) == pytest.approx(
+        [cal.correct("g", 0.95, d) for d in range(4)]
+    )
+    # a tree: the depths are given
+    assert cal.correct_all("g", [0.95, 0.95], [0, 3]) == pytest.approx(
+        [cal.correct("g", 0.95), cal.correct("g", 0.95, 3)]
+    )
+    with pytest.raises(ValueError, match=r"shorter|longer"):
+        cal.correct_all("g", [0.95, 0.95], [0])
 
 
 def test_only_verified_tokens_are_observations():
