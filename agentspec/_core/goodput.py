@@ -159,6 +159,7 @@ def allocate(
     path_probs: Sequence[Sequence[float]],
     model: StepCostModel,
     caps: Sequence[int] | None = None,
+    other_seconds: float = 0.0,
 ) -> list[int]:
     """Draft lengths, one per request, maximising expected tokens per second.
 
@@ -169,6 +170,12 @@ def allocate(
             offered token is kept (up to ``caps``).
         caps: per request, most tokens it may draft (e.g. ``k``, or what is
             left before ``max_tokens``); default: all offered.
+        other_seconds: time the step also spends on other work, such as
+            the prompt tokens of requests still in prefill.  That work is
+            useful too: it counts as ``other_seconds / dt`` tokens produced,
+            so a step that is mostly prefill keeps only near-certain draft
+            tokens (each rejected one delays the prompts as much as it
+            would delay the outputs).
 
     Returns:
         ``L_r`` per request, ``0 <= L_r <= min(len(path_probs[r]), caps[r])``.
@@ -184,9 +191,10 @@ def allocate(
     if dt <= 0.0:
         return limits
     out = [0] * b
-    expected = float(b)
+    other = max(0.0, other_seconds) if math.isfinite(other_seconds) else 0.0
+    expected = b + other / dt
     tokens = b
-    seconds = model.predict(b, tokens)
+    seconds = model.predict(b, tokens) + other
     # max-heap of (next token's path probability, request)
     heap = [(-path_probs[r][0], r) for r in range(b) if limits[r] > 0]
     heapq.heapify(heap)
@@ -273,12 +281,16 @@ class GoodputController:
         drafts: Sequence[Draft],
         groups: Sequence[Hashable],
         caps: Sequence[int] | None = None,
+        *,
+        other_seconds: float = 0.0,
     ) -> list[Draft]:
         """The drafts of one step, each cut to the length `allocate` gives it.
 
         ``groups``: per draft, its calibration group; ``caps``: per draft,
         the most tokens it may keep (e.g. what is left before
-        ``max_tokens``).  A kept node's parent is always kept.
+        ``max_tokens``); ``other_seconds``: what the step spends on other
+        work, such as prompts in prefill (see `allocate`).  A kept node's
+        parent is always kept.
         """
         n = len(drafts)
         if len(groups) != n or (caps is not None and len(caps) != n):
@@ -303,7 +315,7 @@ class GoodputController:
             order = [i for _, i in sorted((-p, i) for i, p in enumerate(path))]
             orders.append(order)
             offers.append([path[i] for i in order])
-        lengths = allocate(offers, self.cost, caps)
+        lengths = allocate(offers, self.cost, caps, other_seconds)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
         return out

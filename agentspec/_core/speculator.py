@@ -132,6 +132,7 @@ def _control(
     reqs: Sequence[_Request],
     drafts: list[Draft],
     caps: Sequence[int] | None,
+    other_seconds: float = 0.0,
 ) -> list[Draft]:
     """Cut drafts with the goodput controller; remember them for `extend`."""
     if caps is None and not ctl.active:  # the fixed policy, at the least cost
@@ -139,7 +140,8 @@ def _control(
         for r, d in zip(reqs, drafts, strict=True):
             r.last = d if d.token_ids else None
         return drafts
-    out = ctl.trim(drafts, [_group(r, d) for r, d in zip(reqs, drafts, strict=True)], caps)
+    groups = [_group(r, d) for r, d in zip(reqs, drafts, strict=True)]
+    out = ctl.trim(drafts, groups, caps, other_seconds=other_seconds)
     for r, d in zip(reqs, out, strict=True):
         r.last = d if d.token_ids else None
     return out
@@ -447,6 +449,8 @@ class Speculator:
     @staticmethod
     def control_step(
         parts: Sequence[tuple[Speculator, Sequence[Hashable], Sequence[Draft]]],
+        *,
+        other_seconds: float = 0.0,
     ) -> list[list[Draft]]:
         """Cut one engine step's drafts together, across speculators.
 
@@ -455,8 +459,12 @@ class Speculator:
         share one `GoodputController` (the step's cost is the engine's, not a
         tenant's): the allocation then weighs every request of the step
         against the others, as one `draft_batch` does within a speculator.
-        Returns the cut drafts in the same shape, and remembers them for
-        `extend` (the acceptance calibration).
+        ``other_seconds``: what the step spends on other work, such as
+        the prompt tokens of requests in prefill (the controller then keeps
+        only the drafts worth as much as that work; see
+        `agentspec._core.goodput.allocate`).  Returns the cut drafts in the
+        same shape, and remembers them for `extend` (the acceptance
+        calibration).
 
         Raises:
             InvalidArgumentError: speculators with different controllers,
@@ -479,7 +487,7 @@ class Speculator:
             drafts += ds
         if ctl is None:
             return []
-        cut = _control(ctl, reqs, drafts, None)
+        cut = _control(ctl, reqs, drafts, None, other_seconds)
         out: list[list[Draft]] = []
         start = 0
         for _, ids, _ in parts:

@@ -67,6 +67,15 @@ def test_a_very_expensive_token_drafts_nothing():
     assert allocate([[0.99, 0.98], [0.97]], m) == [0, 0]
 
 
+def test_other_work_in_the_step_keeps_only_near_certain_tokens():
+    m = _fitted(0.01, 0.0, 0.002)
+    probs = [[1.0, 0.9, 0.6], [0.7, 0.5]]
+    assert allocate(probs, m) == [3, 2]
+    # the step also prefills 0.5 s of prompts: a rejected token delays them
+    assert allocate(probs, m, other_seconds=0.5) == [1, 0]
+    assert allocate(probs, m, other_seconds=float("nan")) == [3, 2]  # ignored
+
+
 def test_an_unready_model_keeps_every_offered_token_up_to_the_caps():
     m = StepCostModel()
     assert allocate([[0.1, 0.05], [0.2]], m, caps=[1, 3]) == [1, 1]

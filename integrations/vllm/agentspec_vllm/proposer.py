@@ -182,6 +182,7 @@ class AgentSpecProposer:
         self._last_call: float | None = None
         self._last_rows: frozenset[str] = frozenset()
         self._last_tokens = 0
+        self._prefill_seconds = 0.0  # what the last step spent on prompts, if it prefilled
         self.fleet: WorkerFleet | None = None
         if self.config.redis_url is not None:
             self.fleet = self._make_fleet(self.config.redis_url)
@@ -276,7 +277,8 @@ class AgentSpecProposer:
             [
                 (spec, [rid for _, rid, _, _ in rows], [d for d, _ in drafts])
                 for spec, rows, drafts in parts
-            ]
+            ],
+            other_seconds=self._prefill_seconds,
         )
         for (_spec, rows, drafts), kept in zip(parts, cut, strict=True):
             for (i, _rid, act, _cap), (_raw, source), draft in zip(rows, drafts, kept, strict=True):
@@ -291,12 +293,24 @@ class AgentSpecProposer:
         Nor when that step also computed prompt tokens (``prefill``): their cost
         is not a function of the verified tokens, and a step that prefills a
         few thousand of them would teach the model that a batch step is slow,
-        so that a draft token looks cheap next to it."""
+        so that a draft token looks cheap next to it.
+
+        Such a step's time beyond what the model predicts for its verification
+        is what it spent on prompts; prefill usually goes on for several steps,
+        so the next step's drafts are weighed against that much other work
+        (`Speculator.control_step`'s ``other_seconds``)."""
         last, prev = self._last_call, self._last_rows
         self._last_call, self._last_rows = now, rows
-        if last is None or not prev or rows.isdisjoint(prev) or prefill:
+        self._prefill_seconds = 0.0
+        if last is None or not prev or rows.isdisjoint(prev):
             return
-        self.goodput.observe_step(len(prev), max(self._last_tokens, len(prev)), now - last)
+        tokens = max(self._last_tokens, len(prev))
+        if prefill:
+            cost = self.goodput.cost
+            if cost.ready:
+                self._prefill_seconds = max(0.0, now - last - cost.predict(len(prev), tokens))
+            return
+        self.goodput.observe_step(len(prev), tokens, now - last)
 
     # --- per request ----------------------------------------------------------
 

@@ -118,3 +118,36 @@ def test_steps_that_compute_a_prompt_do_not_enter_the_fit():
     cost = proposer.goodput.cost
     assert cost.ready
     assert abs(cost.predict(4, 8) - 0.026) < 0.005
+
+
+def _drafts_beside_prefill(prefill: float) -> tuple[int, int]:
+    """Serve requests that arrive while others decode, each prompt computed in a
+    step costing ``prefill`` more; returns the draft tokens proposed in the calls
+    that follow such a step, and in the others."""
+    proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
+    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=prefill)
+    for i, answer in enumerate(_answers(3, 30)):  # history, and a ready cost model
+        loop.run(f"w{i}", PROMPT, answer, stage="SQL", pipeline="t2s")
+    assert proposer.goodput.cost.ready
+    beside = alone = 0
+    for i, answer in enumerate(_answers(5, 40)):
+        rid = f"r{i}"
+        loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
+        beside += sum(len(d) for d in loop.step(prefill=frozenset({rid})))
+        for _ in range(3):
+            alone += sum(len(d) for d in loop.step())
+        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
+            loop.remove(done)
+    return beside, alone
+
+
+def test_drafts_beside_prompt_work_are_weighed_against_it():
+    """A step that also computes a prompt is likely followed by another: its
+    drafts must be worth as much as the prompt work they delay.  With prompts
+    that cost nothing the drafts beside them stay; with dear ones (250 draft
+    tokens' worth each) they are cut there, and only there."""
+    free_beside, free_alone = _drafts_beside_prefill(0.0)
+    dear_beside, dear_alone = _drafts_beside_prefill(0.5)
+    assert free_beside > 50
+    assert dear_beside < free_beside / 10
+    assert dear_alone >= free_alone > 0
