@@ -226,7 +226,11 @@ def test_identical_runs_report_per_stage_numbers(server, tmp_path, capsys):
     # The baseline asked for no speculation, the other run for speculation, each on its
     # own tenant (so the "on" run never drafts from the baseline's outputs).
     tenants: dict[bool, set[str]] = {True: set(), False: set()}
-    for body in server.requests[1:]:  # the first one is the warm-up call
+    warm_up, measured = server.requests[:2], server.requests[2:]
+    # two warm-up calls, speculation off then on, on a tenant of their own
+    assert [b["vllm_xargs"]["agentspec_speculate"] for b in warm_up] == [False, True]
+    assert {b["vllm_xargs"]["agentspec_tenant"] for b in warm_up} == {"demo-warmup"}
+    for body in measured:
         xargs = body["vllm_xargs"]
         tenants[xargs["agentspec_speculate"]].add(xargs["agentspec_tenant"])
         assert body["model"] == "scripted"
