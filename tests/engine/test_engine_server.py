@@ -473,7 +473,7 @@ def test_goodput_control_learns_the_step_cost_and_never_changes_outputs(server, 
     dear.observe = lambda *_: None  # type: ignore[method-assign]  # held fixed for the test
 
     class Doubtful(AcceptanceCalibrator):
-        def correct(self, group, p):  # every draft token: one chance in five
+        def correct(self, group, p, depth=0):  # every draft token: one chance in five
             return 0.2 * p
 
     saved_cal = ctl.calibrator
