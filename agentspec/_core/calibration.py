@@ -148,8 +148,26 @@ class AcceptanceCalibrator:
     ) -> list[float]:
         """`correct` for each of ``probs`` (``depths`` default: a chain, 0, 1, 2, ...)."""
         if depths is None:
-            return [self.correct(group, p, i) for i, p in enumerate(probs)]
-        return [self.correct(group, p, d) for p, d in zip(probs, depths, strict=True)]
+            depths = range(len(probs))
+        elif len(depths) != len(probs):
+            raise ValueError("probs and depths must have one entry per token")
+        if type(self).correct is not AcceptanceCalibrator.correct:  # a subclass's own rule
+            return [self.correct(group, p, d) for p, d in zip(probs, depths, strict=True)]
+        # `correct` inlined: this runs for every drafted token of every step.
+        pooled, rows, prior, top = self._pooled, self._counts.get(group), self.prior, self.buckets
+        deepest = 1 << (DEPTH_CLASSES - 2)
+        out: list[float] = []
+        for p, depth in zip(probs, depths, strict=True):
+            d = (depth if depth < deepest else deepest).bit_length() if depth > 0 else 0
+            b = int(p * top)
+            b = 0 if b < 0 else (top - 1 if b >= top else b)
+            n, a, _ = pooled[d][b]
+            q = (a + prior * p) / (n + prior)
+            if rows is not None:
+                n, a, _ = rows[d][b]
+                q = (a + prior * q) / (n + prior)
+            out.append(q)
+        return out
 
     def observe(self, group: Hashable, probs: Sequence[float], accepted: int) -> None:
         """Record a verified chain draft: conditional ``probs``, ``accepted`` tokens kept.
@@ -176,15 +194,22 @@ class AcceptanceCalibrator:
             rows = self._counts[group] = self._empty()
         if depths is None:
             depths = range(len(outcomes))
+        elif len(depths) != len(outcomes):
+            raise ValueError("outcomes and depths must have one entry per token")
+        pooled, top, horizon = self._pooled, self.buckets, self.horizon
+        deepest = 1 << (DEPTH_CLASSES - 2)
         for (p, ok), depth in zip(outcomes, depths, strict=True):
-            d, b = depth_class(depth), self._bucket(p)
-            for row in (rows[d][b], self._pooled[d][b]):
-                if row[0] >= self.horizon:
+            d = (depth if depth < deepest else deepest).bit_length() if depth > 0 else 0
+            b = int(p * top)
+            b = 0 if b < 0 else (top - 1 if b >= top else b)
+            for row in (rows[d][b], pooled[d][b]):
+                if row[0] >= horizon:
                     row[0] *= 0.5
                     row[1] *= 0.5
                     row[2] *= 0.5
                 row[0] += 1.0
-                row[1] += 1.0 if ok else 0.0
+                if ok:
+                    row[1] += 1.0
                 row[2] += p
 
     def groups(self) -> list[Hashable]:

@@ -58,6 +58,10 @@ from agentspec._core.draft import Draft
 __all__ = ["GoodputController", "StepCostModel", "allocate", "size_class", "trim_draft"]
 
 
+#: Kept drafts whose expected accepted tokens wait for their verification report.
+_MAX_PENDING = 4096
+
+
 def size_class(n: int) -> int:
     """The size class of a count: 1 for 1, 2 for 2-3, 3 for 4-7, 4 for 8-15, ..."""
     return max(int(n), 1).bit_length()
@@ -253,6 +257,8 @@ class GoodputController:
         # of the step that verified the drafts: [drafts, tokens, expected, accepted]
         self._by_batch: dict[int, list[float]] = {}
         self._batch_class = size_class(1)  # the batch of the last `trim`
+        # id(kept draft) -> (that draft, its expected accepted tokens when kept)
+        self._pending: dict[int, tuple[Draft, float]] = {}
 
     def note_batch(self, batch: int) -> None:
         """Tell the controller the batch of a step whose drafts bypass `trim` (the
@@ -266,14 +272,22 @@ class GoodputController:
 
     def corrected_path_probs(self, draft: Draft, group: Hashable) -> list[float]:
         """Each node's probability of being accepted with its whole path, corrected."""
-        parents = draft.parents
-        cond = self.calibrator.correct_all(
-            group, conditional_probs(draft.probs, parents), draft_depths(parents)
-        )
-        path: list[float] = []
-        for i, c in enumerate(cond):
-            j = draft.parents[i]
-            path.append(c * (1.0 if j < 0 else path[j]))
+        probs, parents = draft.probs, draft.parents
+        # `conditional_probs` and `draft_depths` in one pass (this runs per drafted token)
+        cond: list[float] = []
+        depths: list[int] = []
+        for i, j in enumerate(parents):
+            if j < 0:
+                c, depths_i = probs[i], 0
+            else:
+                base = probs[j]
+                c, depths_i = (probs[i] / base if base > 0 else 0.0), depths[j] + 1
+            cond.append(1.0 if c > 1.0 else (c if c > 0.0 else 0.0))
+            depths.append(depths_i)
+        path = self.calibrator.correct_all(group, cond, depths)
+        for i, j in enumerate(parents):
+            if j >= 0:
+                path[i] *= path[j]
         return path
 
     def trim(
@@ -318,7 +332,19 @@ class GoodputController:
         lengths = allocate(offers, self.cost, caps, other_seconds)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
+        for d, offer, k in zip(out, offers, lengths, strict=True):
+            if k:
+                self._remember(d, expected=sum(offer[:k]))
         return out
+
+    def _remember(self, draft: Draft, expected: float) -> None:
+        """Keep a kept draft's expected accepted tokens for `_tally` (computed by
+        `trim` anyway); the oldest entries go once `_MAX_PENDING` are held (drafts
+        of requests that ended are never reported)."""
+        pending = self._pending
+        pending[id(draft)] = (draft, expected)
+        if len(pending) > _MAX_PENDING:
+            del pending[next(iter(pending))]
 
     def observe_accepted(self, group: Hashable, draft: Draft, accepted: int) -> None:
         """Report that the first ``accepted`` tokens of a verified chain ``draft`` were kept.
@@ -387,12 +413,17 @@ class GoodputController:
         return k
 
     def _tally(self, group: Hashable, draft: Draft, verified: int, accepted: int) -> None:
-        """Count a verified draft's expected (corrected, before this outcome is
-        learned) and accepted tokens under the batch class of the last step."""
+        """Count a verified draft's expected (corrected: as `trim` predicted when it
+        kept the draft, else before this outcome is learned) and accepted tokens
+        under the batch class of the last step."""
         tally = self._by_batch.setdefault(self._batch_class, [0, 0, 0.0, 0])
         tally[0] += 1
         tally[1] += verified
-        tally[2] += sum(self.corrected_path_probs(draft, group)[:verified])
+        hit = self._pending.pop(id(draft), None)
+        if hit is not None and hit[0] is draft and verified == len(draft.token_ids):
+            tally[2] += hit[1]
+        else:
+            tally[2] += sum(self.corrected_path_probs(draft, group)[:verified])
         tally[3] += accepted
 
     def observe_step(self, batch: int, tokens: int, seconds: float) -> None:

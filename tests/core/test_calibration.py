@@ -60,7 +60,7 @@ def test_deep_tokens_are_corrected_apart_from_first_ones():
     assert cal.correct_all("g", [0.95, 0.95], [0, 3]) == pytest.approx(
         [cal.correct("g", 0.95), cal.correct("g", 0.95, 3)]
     )
-    with pytest.raises(ValueError, match=r"shorter|longer"):
+    with pytest.raises(ValueError, match="one entry per token"):
         cal.correct_all("g", [0.95, 0.95], [0])
 
 
@@ -108,3 +108,28 @@ def test_bad_settings_are_refused():
         AcceptanceCalibrator(buckets=0)
     with pytest.raises(ValueError, match="prior"):
         AcceptanceCalibrator(prior=0)
+
+
+def test_correct_all_equals_correct_everywhere_and_honours_a_subclass_rule():
+    rng = random.Random(11)
+    cal = AcceptanceCalibrator(prior=4.0, horizon=64.0)
+    for _ in range(3000):
+        group = rng.choice("abc")
+        depths = [rng.randrange(12) for _ in range(4)]
+        outcomes = [(rng.random(), rng.random() < 0.6) for _ in range(4)]
+        cal.observe_outcomes(group, outcomes, depths)
+    for group in "abcz":  # "z" was never observed: the pooled level alone
+        probs = [rng.random() for _ in range(50)] + [0.0, 1.0]
+        depths = [rng.randrange(-1, 20) for _ in probs]
+        assert cal.correct_all(group, probs, depths) == [
+            cal.correct(group, p, d) for p, d in zip(probs, depths, strict=True)
+        ]
+        assert cal.correct_all(group, probs) == [
+            cal.correct(group, p, i) for i, p in enumerate(probs)
+        ]
+
+    class Halved(AcceptanceCalibrator):
+        def correct(self, group, p, depth=0):
+            return 0.5 * p
+
+    assert Halved().correct_all("g", [0.8, 0.4], [0, 3]) == [0.4, 0.2]

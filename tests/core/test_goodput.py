@@ -226,3 +226,24 @@ def test_stats_compare_expected_and_accepted_draft_tokens_per_batch_class():
             "accepted": 2,
         },
     }
+
+
+def test_a_kept_draft_is_tallied_with_what_trim_expected_of_it():
+    """`trim` computes each kept draft's expectation anyway; the report uses that
+    one, not one corrected with what the calibrator learned in between."""
+    from agentspec import Draft, GoodputController
+
+    ctl = GoodputController(cost=_fitted(0.05, 0.0, 1e-6))
+    chain = Draft([5, 6, 7], [-1, 0, 1], [0.9, 0.81, 0.729], 2.439, 3, "local")
+    (kept,) = ctl.trim([chain], ["g"])
+    assert kept.token_ids == [5, 6, 7]
+    predicted = sum(ctl.corrected_path_probs(kept, "g"))
+    ctl.calibrator.observe("g", [0.9, 0.9, 0.9], 0)  # another draft's report comes first
+    assert sum(ctl.corrected_path_probs(kept, "g")) != pytest.approx(predicted)
+    assert ctl.observe_verified("g", kept, [5, 6, 7, 1]) == 3
+    assert ctl.stats()["acceptance_by_batch"]["1"]["expected"] == pytest.approx(predicted)
+    # a draft `trim` never saw is corrected when reported
+    other = Draft([8], [-1], [0.5], 0.5, 1, "local")
+    now = sum(ctl.corrected_path_probs(other, "g"))
+    ctl.observe_verified("g", other, [8, 2])
+    assert ctl.stats()["acceptance_by_batch"]["1"]["expected"] == pytest.approx(predicted + now)
