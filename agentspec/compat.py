@@ -232,6 +232,7 @@ class SuffixDecodingCache:
         self._max_cached_requests = max_cached_requests
         self._global = SuffixTree(depth)
         self._use_global = max_cached_requests != 0
+        self._draft_global = self._global if self._use_global else None  # speculate's tree
         self._active: dict[Hashable, _Request] = {}
         # Cached responses, oldest first: request id -> sequence id in the global tree.
         self._cached: dict[Hashable, int] = {}
@@ -434,9 +435,7 @@ class SuffixDecodingCache:
         cursor = req.cursor
         if cursor is None:
             return SuffixDecodingDraft.from_native(self._stages().draft(req_id, params))
-        return cursor._draft_tail(
-            context, self._global if self._use_global else None, params, SuffixDecodingDraft
-        )
+        return cursor._draft_tail(context, self._draft_global, params, SuffixDecodingDraft)
 
     # --- internals -----------------------------------------------------------
 

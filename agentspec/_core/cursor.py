@@ -7,6 +7,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+import numpy as np
+
 from agentspec._core import lowlevel
 from agentspec._core.draft import (
     DEFAULT_PARAMS,
@@ -17,13 +19,19 @@ from agentspec._core.draft import (
     make_draft,
     resolve_params,
 )
-from agentspec._core.tokens import TokenArray, as_int32_buffer
+from agentspec._core.tokens import _INT32, TokenArray, as_int32_buffer
 from agentspec._core.tree import SuffixTree, TreeStats
 from agentspec.exceptions import TreeClosedError
 
 __all__ = ["Cursor", "read_begin"]
 
 T = TypeVar("T")
+
+_NDARRAY = np.ndarray
+_int32_ptr = lowlevel.int32_ptr_fast
+_draft_tail_c = lowlevel.draft_tail_c
+_unpack = lowlevel.unpack_raw
+_CHAIN_PARENTS = lowlevel.CHAIN_PARENTS
 
 
 def read_begin(tree: SuffixTree) -> lowlevel.CData:
@@ -241,10 +249,20 @@ class Cursor:
         pattern length it tracks, this is `draft` (incremental); otherwise the
         context is matched from scratch against this cursor's tree and
         ``global_tree``.  The check and the draft are one native call.
-        Returns ``make(tokens, parents, probs, score, match_len)``.
+        Returns ``make(tokens, parents, probs, score, match_len)``, built
+        straight from the buffers; a chain draft's parents are sliced from a
+        prebuilt list rather than unpacked.
         """
-        ptr, n, keep = as_int32_buffer(context)
-        # _enter and read_begin inlined: this is vLLM's per-request, per-step call
+        # This is arctic's `speculate` (once per request per vLLM step), so
+        # as_int32_buffer's common case, `_enter`, `SuffixTree._read_begin`
+        # and the native call are inlined (see lowlevel's "unwrapped" section).
+        if type(context) is _NDARRAY and context.dtype is _INT32 and context.ndim == 1:
+            try:
+                ptr, n, keep = _int32_ptr(context), len(context), context
+            except ValueError:  # not contiguous: the checked path says why
+                ptr, n, keep = as_int32_buffer(context)
+        else:
+            ptr, n, keep = as_int32_buffer(context)
         lock = self._lock
         if not lock.acquire(False):
             raise RuntimeError("concurrent use of a Cursor: another thread is using it right now")
@@ -255,15 +273,30 @@ class Cursor:
             bufs = self._bufs
             if bufs is None or params.max_spec_tokens > bufs.cap:
                 bufs = self._buffers(params.max_spec_tokens)
+            out = bufs.out
             if global_tree is None:
-                return lowlevel.draft_tail(
-                    h, lowlevel.NULL, ptr, n, keep, params._c, bufs, make, params.tree
-                )
-            g = global_tree._read_begin()
-            try:
-                return lowlevel.draft_tail(h, g, ptr, n, keep, params._c, bufs, make, params.tree)
-            finally:
-                global_tree._read_end()
+                status = _draft_tail_c(h, lowlevel.NULL, ptr, n, params._c, out)
+            else:
+                readers = global_tree._readers
+                readers.append(None)  # registered before the writer's lock is checked
+                g = global_tree._h
+                if g is None or global_tree._wlock.locked():
+                    readers.pop()
+                    g = global_tree._read_begin()  # raises the error that applies
+                try:
+                    status = _draft_tail_c(h, g, ptr, n, params._c, out)
+                finally:
+                    readers.pop()
+            if status:
+                lowlevel.check_tokens(status, keep)
+            k = out.n
+            return make(
+                _unpack(bufs.tokens, k),
+                _unpack(bufs.parents, k) if params.tree else _CHAIN_PARENTS[:k],
+                _unpack(bufs.probs, k),
+                out.score,
+                out.match_len,
+            )
         finally:
             lock.release()
 
