@@ -153,7 +153,8 @@ class AcceptanceCalibrator:
             raise ValueError("probs and depths must have one entry per token")
         if type(self).correct is not AcceptanceCalibrator.correct:  # a subclass's own rule
             return [self.correct(group, p, d) for p, d in zip(probs, depths, strict=True)]
-        # `correct` inlined: this runs for every drafted token of every step.
+        # `correct` (`depth_class`, `_bucket`) inlined: this runs for every drafted
+        # token of every step; a test checks both give the same numbers.
         pooled, rows, prior, top = self._pooled, self._counts.get(group), self.prior, self.buckets
         deepest = 1 << (DEPTH_CLASSES - 2)
         out: list[float] = []
@@ -196,6 +197,7 @@ class AcceptanceCalibrator:
             depths = range(len(outcomes))
         elif len(depths) != len(outcomes):
             raise ValueError("outcomes and depths must have one entry per token")
+        # `depth_class` and `_bucket` inlined, as in `correct_all` (per verified token)
         pooled, top, horizon = self._pooled, self.buckets, self.horizon
         deepest = 1 << (DEPTH_CLASSES - 2)
         for (p, ok), depth in zip(outcomes, depths, strict=True):
