@@ -256,11 +256,11 @@ class AgentSpecProposer:
             state = requests.get(req_id) if req_id is not None else None
             if state is None:
                 continue
-            before = self._active.get(req_id)
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
-            # A new prompt, a prefill chunk, or the last chunk of a chunked
-            # prompt (the row's first sampled token: nothing past the prompt yet).
-            if act is not before or not len(sampled) or act.fed <= act.prompt_len:
+            # Nothing past the prompt fed yet: the step computed prompt tokens (a
+            # new prompt, one of its chunks, or the last chunk, which samples the
+            # first token).  Nothing sampled: a prefill chunk or a discarded step.
+            if act.fed <= act.prompt_len or not len(sampled):
                 prefill = True
             cap = self._feed(req_id, act, sampled, int(num_tokens_no_spec[i]), token_ids_cpu[i])
             if len(sampled):
