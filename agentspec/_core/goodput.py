@@ -54,6 +54,7 @@ from typing import Any
 
 from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs, draft_depths
 from agentspec._core.draft import Draft
+from agentspec._util.args import as_int
 
 __all__ = ["GoodputController", "StepCostModel", "allocate", "size_class", "trim_draft"]
 
@@ -163,7 +164,7 @@ def allocate(
     path_probs: Sequence[Sequence[float]],
     model: StepCostModel,
     caps: Sequence[int] | None = None,
-    other_seconds: float = 0.0,
+    undrafted: int = 0,
 ) -> list[int]:
     """Draft lengths, one per request, maximising expected tokens per second.
 
@@ -174,16 +175,19 @@ def allocate(
             offered token is kept (up to ``caps``).
         caps: per request, most tokens it may draft (e.g. ``k``, or what is
             left before ``max_tokens``); default: all offered.
-        other_seconds: time the step also spends on other work, such as
-            the prompt tokens of requests still in prefill.  That work is
-            useful too: it counts as ``other_seconds / dt`` tokens produced,
-            so a step that is mostly prefill keeps only near-certain draft
-            tokens (each rejected one delays the prompts as much as it
-            would delay the outputs).
+        undrafted: further requests in the step that offer no draft: rows
+            at their length limit, and rows still computing their prompt.
+            They count as rows with an empty offer: each makes (or, once its
+            prompt is in, will make) one token per step, so the step an
+            accepted token saves is a step of all of them, and a token's
+            worth is weighed at that batch.  Without them, a step where a few
+            requests decode while many more are prefilled looks like a small
+            batch, where a draft token is cheap next to the step.
 
     Returns:
         ``L_r`` per request, ``0 <= L_r <= min(len(path_probs[r]), caps[r])``.
     """
+    undrafted = as_int(undrafted, "undrafted", 0)
     b = len(path_probs)
     limits = [
         len(p) if caps is None else max(0, min(len(p), int(caps[r])))
@@ -195,10 +199,9 @@ def allocate(
     if dt <= 0.0:
         return limits
     out = [0] * b
-    other = max(0.0, other_seconds) if math.isfinite(other_seconds) else 0.0
-    expected = b + other / dt
-    tokens = b
-    seconds = model.predict(b, tokens) + other
+    rows = b + undrafted
+    expected = float(rows)
+    seconds = model.predict(rows, rows)
     # max-heap of (next token's path probability, request)
     heap = [(-path_probs[r][0], r) for r in range(b) if limits[r] > 0]
     heapq.heapify(heap)
@@ -209,7 +212,6 @@ def allocate(
             break
         out[r] += 1
         expected += p
-        tokens += 1
         seconds += dt
         if out[r] < limits[r]:
             heapq.heappush(heap, (-path_probs[r][out[r]], r))
@@ -296,15 +298,15 @@ class GoodputController:
         groups: Sequence[Hashable],
         caps: Sequence[int] | None = None,
         *,
-        other_seconds: float = 0.0,
+        undrafted: int = 0,
     ) -> list[Draft]:
         """The drafts of one step, each cut to the length `allocate` gives it.
 
         ``groups``: per draft, its calibration group; ``caps``: per draft,
         the most tokens it may keep (e.g. what is left before
-        ``max_tokens``); ``other_seconds``: what the step spends on other
-        work, such as prompts in prefill (see `allocate`).  A kept node's
-        parent is always kept.
+        ``max_tokens``); ``undrafted``: further requests in the step that
+        offer no draft, such as prompts in prefill (see `allocate`).  A kept
+        node's parent is always kept.
         """
         n = len(drafts)
         if len(groups) != n or (caps is not None and len(caps) != n):
@@ -329,7 +331,7 @@ class GoodputController:
             order = [i for _, i in sorted((-p, i) for i, p in enumerate(path))]
             orders.append(order)
             offers.append([path[i] for i in order])
-        lengths = allocate(offers, self.cost, caps, other_seconds)
+        lengths = allocate(offers, self.cost, caps, undrafted)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
         for d, offer, k in zip(out, offers, lengths, strict=True):

@@ -132,7 +132,7 @@ def _control(
     reqs: Sequence[_Request],
     drafts: list[Draft],
     caps: Sequence[int] | None,
-    other_seconds: float = 0.0,
+    undrafted: int = 0,
 ) -> list[Draft]:
     """Cut drafts with the goodput controller; remember them for `extend`."""
     if caps is None and not ctl.active:  # the fixed policy, at the least cost
@@ -141,7 +141,7 @@ def _control(
             r.last = d if d.token_ids else None
         return drafts
     groups = [_group(r, d) for r, d in zip(reqs, drafts, strict=True)]
-    out = ctl.trim(drafts, groups, caps, other_seconds=other_seconds)
+    out = ctl.trim(drafts, groups, caps, undrafted=undrafted)
     for r, d in zip(reqs, out, strict=True):
         r.last = d if d.token_ids else None
     return out
@@ -450,7 +450,7 @@ class Speculator:
     def control_step(
         parts: Sequence[tuple[Speculator, Sequence[Hashable], Sequence[Draft]]],
         *,
-        other_seconds: float = 0.0,
+        undrafted: int = 0,
     ) -> list[list[Draft]]:
         """Cut one engine step's drafts together, across speculators.
 
@@ -459,10 +459,10 @@ class Speculator:
         share one `GoodputController` (the step's cost is the engine's, not a
         tenant's): the allocation then weighs every request of the step
         against the others, as one `draft_batch` does within a speculator.
-        ``other_seconds``: what the step spends on other work, such as
-        the prompt tokens of requests in prefill (the controller then keeps
-        only the drafts worth as much as that work; see
-        `agentspec._core.goodput.allocate`).  Returns the cut drafts in the
+        ``undrafted``: further requests in the step with no draft on offer
+        (rows still computing their prompt, rows at their length limit): the
+        allocation weighs a draft token at the batch they make together
+        (see `agentspec._core.goodput.allocate`).  Returns the cut drafts in the
         same shape, and remembers them for `extend` (the acceptance
         calibration).
 
@@ -470,6 +470,7 @@ class Speculator:
             InvalidArgumentError: speculators with different controllers,
                 ids and drafts of different lengths, or an unknown request.
         """
+        undrafted = as_int(undrafted, "undrafted", 0)
         ctl: GoodputController | None = None
         reqs: list[_Request] = []
         drafts: list[Draft] = []
@@ -487,7 +488,7 @@ class Speculator:
             drafts += ds
         if ctl is None:
             return []
-        cut = _control(ctl, reqs, drafts, None, other_seconds)
+        cut = _control(ctl, reqs, drafts, None, undrafted)
         out: list[list[Draft]] = []
         start = 0
         for _, ids, _ in parts:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from agentspec._core.goodput import StepCostModel, allocate
+from agentspec.exceptions import InvalidArgumentError
 
 
 def _fitted(c0: float, c1: float, c2: float, *, noise: float = 0.0, n: int = 400) -> StepCostModel:
@@ -67,13 +68,20 @@ def test_a_very_expensive_token_drafts_nothing():
     assert allocate([[0.99, 0.98], [0.97]], m) == [0, 0]
 
 
-def test_other_work_in_the_step_keeps_only_near_certain_tokens():
-    m = _fitted(0.01, 0.0, 0.002)
-    probs = [[1.0, 0.9, 0.6], [0.7, 0.5]]
-    assert allocate(probs, m) == [3, 2]
-    # the step also prefills 0.5 s of prompts: a rejected token delays them
-    assert allocate(probs, m, other_seconds=0.5) == [1, 0]
-    assert allocate(probs, m, other_seconds=float("nan")) == [3, 2]  # ignored
+def test_requests_without_a_draft_weigh_tokens_at_the_batch_they_make():
+    # a step's fixed cost is dear next to a token: one request alone drafts freely
+    m = _fitted(0.05, 0.0, 0.002)
+    probs = [[0.9, 0.6, 0.3]]
+    assert allocate(probs, m) == [3]
+    # 15 more requests in the step computing their prompts: they decode in the
+    # steps an accepted token saves, so a token is worth less of a step there
+    assert allocate(probs, m, undrafted=15) == [2]
+    assert allocate(probs, m, undrafted=15) == allocate(probs + [[]] * 15, m)[:1]
+    with pytest.raises(InvalidArgumentError, match="undrafted"):
+        allocate(probs, m, undrafted=-1)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match="undrafted"):
+            allocate(probs, m, undrafted=bad)  # type: ignore[arg-type]
 
 
 def test_an_unready_model_keeps_every_offered_token_up_to_the_caps():

@@ -151,6 +151,9 @@ def test_control_step_cuts_several_speculators_as_one_batch():
     assert [d.token_ids for part in cut for d in part] == [d.token_ids for d in whole]
     assert [d.token_ids for d in whole] == [[], [], []]
     assert ctl.trim(raw[1], groups[2:])[0].token_ids == ANSWER[:3]  # alone it would draft
+    # beside two requests that offer no draft (in prefill), weighed at a batch of three
+    beside = Speculator.control_step([(specs[1], ["c"], raw[1])], undrafted=2)
+    assert [d.token_ids for d in beside[0]] == [[]]
     before = sum(b.verified for g in ctl.calibrator.groups() for b in ctl.calibrator.table(g))
     specs[1].extend("c", [ANSWER[0], 99])  # the cut draft is what gets reported
     after = sum(b.verified for g in ctl.calibrator.groups() for b in ctl.calibrator.table(g))
@@ -171,6 +174,10 @@ def test_control_step_refuses_mixed_controllers_and_bad_shapes():
         Speculator.control_step([(a, ["x"], [dx, dx])])
     with pytest.raises(ValueError, match="not active"):
         Speculator.control_step([(a, ["nope"], [dx])])
+    with pytest.raises(ValueError, match="undrafted"):
+        Speculator.control_step([(a, ["x"], [dx])], undrafted=-1)
+    with pytest.raises(TypeError, match="undrafted"):
+        Speculator.control_step([(a, ["x"], [dx])], undrafted=0.5)  # type: ignore[arg-type]
     assert Speculator.control_step([]) == []
     assert Speculator.control_step([(a, ["x"], [dx])]) == [[dx]]  # no step cost yet: as drafted
     assert dx.token_ids == ANSWER[:3]

@@ -182,7 +182,6 @@ class AgentSpecProposer:
         self._last_call: float | None = None
         self._last_rows: frozenset[str] = frozenset()
         self._last_tokens = 0
-        self._prefill_seconds = 0.0  # what the last step spent on prompts, if it prefilled
         self.fleet: WorkerFleet | None = None
         if self.config.redis_url is not None:
             self.fleet = self._make_fleet(self.config.redis_url)
@@ -251,11 +250,13 @@ class AgentSpecProposer:
         wanted: dict[str, list[tuple[int, str, _Active, int]]] = {}  # tenant -> rows to draft
         decoding: list[str] = []  # requests that sampled tokens this step
         prefill = False  # whether the step that just ran computed prompt tokens
+        in_batch = 0  # requests in the batch
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             state = requests.get(req_id) if req_id is not None else None
             if state is None:
                 continue
+            in_batch += 1
             act = self._track(req_id, state, int(num_prompt[i]), token_ids_cpu[i])
             # Nothing past the prompt fed yet: the step computed prompt tokens (a
             # new prompt, one of its chunks, or the last chunk, which samples the
@@ -270,7 +271,9 @@ class AgentSpecProposer:
         self._time_step(now, frozenset(decoding), prefill)
         # Draft per tenant, then cut the whole step's drafts at once: the
         # goodput allocation weighs every request of the step (the verification
-        # cost is the batch's, whichever tenants it mixes).
+        # cost is the batch's, whichever tenants it mixes), those that offer no
+        # draft included: rows still computing their prompt decode in the steps
+        # an accepted token saves.
         parts = [
             (self._tenants[t], rows, self._draft_rows(self._tenants[t], rows))
             for t, rows in wanted.items()
@@ -280,7 +283,7 @@ class AgentSpecProposer:
                 (spec, [rid for _, rid, _, _ in rows], [d for d, _ in drafts])
                 for spec, rows, drafts in parts
             ],
-            other_seconds=self._prefill_seconds,
+            undrafted=in_batch - sum(len(r) for r in wanted.values()),
         )
         for (_spec, rows, drafts), kept in zip(parts, cut, strict=True):
             for (i, _rid, act, _cap), (_raw, source), draft in zip(rows, drafts, kept, strict=True):
@@ -295,23 +298,12 @@ class AgentSpecProposer:
         Nor when that step also computed prompt tokens (``prefill``): their cost
         is not a function of the verified tokens, and a step that prefills a
         few thousand of them would teach the model that a batch step is slow,
-        so that a draft token looks cheap next to it.
-
-        Such a step's time beyond what the model predicts for its verification
-        is what it spent on prompts; prefill usually goes on for several steps,
-        so the next step's drafts are weighed against that much other work
-        (`Speculator.control_step`'s ``other_seconds``)."""
+        so that a draft token looks cheap next to it."""
         last, prev = self._last_call, self._last_rows
         self._last_call, self._last_rows = now, rows
-        self._prefill_seconds = 0.0
-        if last is None or not prev or rows.isdisjoint(prev):
+        if last is None or not prev or rows.isdisjoint(prev) or prefill:
             return
         tokens = max(self._last_tokens, len(prev))
-        if prefill:
-            cost = self.goodput.cost
-            if cost.ready:
-                self._prefill_seconds = max(0.0, now - last - cost.predict(len(prev), tokens))
-            return
         self.goodput.observe_step(len(prev), tokens, now - last)
 
     # --- per request ----------------------------------------------------------

@@ -138,34 +138,44 @@ def test_steps_that_compute_a_prompt_do_not_enter_the_fit(
     assert abs(cost.predict(4, 8) - 0.026) < 0.005
 
 
-def _drafts_beside_prefill(prefill: float) -> tuple[int, int]:
-    """Serve requests that arrive while others decode, each prompt computed in a
-    step costing ``prefill`` more; returns the draft tokens proposed in the calls
-    that follow such a step, and in the others."""
+def _drafts_beside_prompts(queued: int, prefill: float) -> int:
+    """Serve requests one at a time, each beside ``queued`` other requests that
+    stay in prefill all along (rows sampling nothing, ``prefill`` seconds each
+    per step); returns the draft tokens
+    proposed to the requests that decode.  The step's fixed cost is 5 draft
+    tokens' worth: one request alone drafts even its coin-flip tokens, a batch
+    of 8 only the likelier ones."""
     proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
     loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=prefill)
-    for i, answer in enumerate(_answers(3, 30)):  # history, and a ready cost model
-        loop.run(f"w{i}", PROMPT, answer, stage="SQL", pipeline="t2s")
+    for g, answers in enumerate(_answers(3, 30)[i : i + 3] for i in range(0, 30, 3)):
+        for j, answer in enumerate(answers):  # batches of 3: history, and a ready fit
+            loop.add(f"w{g}.{j}", PROMPT, answer, stage="SQL", pipeline="t2s")
+        while loop.rows:
+            loop.step()
+            for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
+                loop.remove(done)
     assert proposer.goodput.cost.ready
-    beside = alone = 0
-    for i, answer in enumerate(_answers(5, 40)):
+    fillers = [f"q{i}" for i in range(queued)]
+    for rid in fillers:
+        loop.add(rid, PROMPT, [1], stage="SQL", pipeline="t2s")
+    proposed = 0
+    for i, answer in enumerate(_answers(5, 20)):
         rid = f"r{i}"
         loop.add(rid, PROMPT, answer, stage="SQL", pipeline="t2s")
-        beside += sum(len(d) for d in loop.step())  # the step that computes its prompt
-        for _ in range(3):
-            alone += sum(len(d) for d in loop.step())
-        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
-            loop.remove(done)
-    return beside, alone
+        while loop.done[rid] < len(answer):
+            proposed += sum(len(d) for d in loop.step(prefill=frozenset(fillers)))
+        loop.remove(rid)
+    return proposed
 
 
-def test_drafts_beside_prompt_work_are_weighed_against_it():
-    """A step that also computes a prompt is likely followed by another: its
-    drafts must be worth as much as the prompt work they delay.  With prompts
-    that cost nothing the drafts beside them stay; with dear ones (250 draft
-    tokens' worth each) they are cut there, and only there."""
-    free_beside, free_alone = _drafts_beside_prefill(0.0)
-    dear_beside, dear_alone = _drafts_beside_prefill(0.5)
-    assert free_beside > 50
-    assert dear_beside < free_beside / 10
-    assert dear_alone >= free_alone > 0
+def test_requests_in_prefill_count_in_the_batch_a_draft_is_weighed_at():
+    """Rows still computing their prompt decode in the steps an accepted token
+    saves: beside 7 of them, a draft token is weighed at a batch of 8 (where
+    a coin flip does not pay), not at the one request that decodes now (where
+    it does).  The prompts' own time does not enter: it is spent whatever is
+    drafted, and an accepted token saves a decode step, not prompt work."""
+    alone = _drafts_beside_prompts(0, prefill=0.2)
+    beside = _drafts_beside_prompts(7, prefill=0.2)
+    assert 0 < beside < alone
+    cheap, dear = _drafts_beside_prompts(7, prefill=0.0), _drafts_beside_prompts(7, prefill=2.0)
+    assert cheap == beside == dear
