@@ -186,6 +186,10 @@ def allocate(
 
     Returns:
         ``L_r`` per request, ``0 <= L_r <= min(len(path_probs[r]), caps[r])``.
+
+    Raises:
+        TypeError: ``undrafted`` is not an integer.
+        InvalidArgumentError: ``undrafted`` is negative.
     """
     undrafted = as_int(undrafted, "undrafted", 0)
     b = len(path_probs)

@@ -468,7 +468,9 @@ class Speculator:
 
         Raises:
             InvalidArgumentError: speculators with different controllers,
-                ids and drafts of different lengths, or an unknown request.
+                ids and drafts of different lengths, an unknown request, or
+                a negative ``undrafted``.
+            TypeError: ``undrafted`` is not an integer.
         """
         undrafted = as_int(undrafted, "undrafted", 0)
         ctl: GoodputController | None = None
