@@ -34,6 +34,11 @@ class TimedLoop(Loop):
         self.proposed += sum(len(d) for d in drafts)
         return drafts
 
+    def remove_finished(self) -> None:
+        """Take every request that produced its whole answer out of the batch."""
+        for done in [r for r in self.rows if self.done[r] >= len(self.answers[r])]:
+            self.remove(done)
+
 
 def _answers(seed: int, n: int) -> list[list[int]]:
     """Answers that share a start and then go one of two ways: drafts are uncertain."""
@@ -131,8 +136,7 @@ def test_steps_that_compute_a_prompt_do_not_enter_the_fit(
             loop.step(prefill=frozenset({rid}))
         for _ in range(steps):  # its (last) prompt step while others decode, then decode steps
             loop.step()
-        for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
-            loop.remove(done)
+        loop.remove_finished()
     cost = proposer.goodput.cost
     assert cost.ready
     assert abs(cost.predict(4, 8) - 0.026) < 0.005
@@ -141,10 +145,9 @@ def test_steps_that_compute_a_prompt_do_not_enter_the_fit(
 def _drafts_beside_prompts(queued: int, prefill: float) -> int:
     """Serve requests one at a time, each beside ``queued`` other requests that
     stay in prefill all along (rows sampling nothing, ``prefill`` seconds each
-    per step); returns the draft tokens
-    proposed to the requests that decode.  The step's fixed cost is 5 draft
-    tokens' worth: one request alone drafts even its coin-flip tokens, a batch
-    of 8 only the likelier ones."""
+    per step); returns the draft tokens proposed to the requests that decode.
+    The step's fixed cost is 5 draft tokens' worth: one request alone drafts
+    even its coin-flip tokens, a batch of 8 only the likelier ones."""
     proposer = AgentSpecProposer(vllm_config(k=K, goodput=True))
     loop = PrefillLoop(proposer, base=0.01, per_token=0.002, prefill=prefill)
     for g, answers in enumerate(_answers(3, 30)[i : i + 3] for i in range(0, 30, 3)):
@@ -152,8 +155,7 @@ def _drafts_beside_prompts(queued: int, prefill: float) -> int:
             loop.add(f"w{g}.{j}", PROMPT, answer, stage="SQL", pipeline="t2s")
         while loop.rows:
             loop.step()
-            for done in [r for r in loop.rows if loop.done[r] >= len(loop.answers[r])]:
-                loop.remove(done)
+            loop.remove_finished()
     assert proposer.goodput.cost.ready
     fillers = [f"q{i}" for i in range(queued)]
     for rid in fillers:
