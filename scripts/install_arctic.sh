@@ -51,6 +51,12 @@ if "$PY" -m pip list 2>/dev/null | grep -qi '^nvidia-'; then
 fi
 
 echo "[install_arctic] step 2/2: arctic-inference==0.3.0 (builds from sdist, takes minutes)"
+# Its CMake build finds nanobind through CMAKE_PREFIX_PATH, and runs `python3` from
+# PATH for the rest: point both at this environment, or a PATH without it fails.
+CMAKE_PREFIX_PATH="$("$PY" -m nanobind --cmake_dir)${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export CMAKE_PREFIX_PATH
+PATH="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')"):$PATH"
+export PATH
 "$PY" -m pip install --no-build-isolation --no-deps "arctic-inference==0.3.0"
 
 "$PY" -c 'from arctic_inference.suffix_decoding import SuffixDecodingCache; SuffixDecodingCache(64); print("[install_arctic] import OK")'
