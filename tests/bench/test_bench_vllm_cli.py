@@ -356,6 +356,34 @@ def test_same_output_steps_compares_only_requests_every_method_shares() -> None:
     assert table == {1: (1, 3, {"suffix": 2.0, "agentspec": 4.0})}
 
 
+def test_same_as_none_counts_each_methods_requests_answered_as_none_answered_them() -> None:
+    bench = _load_bench()
+    # two rounds of three requests; none answers request 2 differently in round 2
+    none_rounds = [
+        bench.Result("none", 8, outputs=[((1,), 1), ((2,), 1), ((3,), 1)]),
+        bench.Result("none", 8, outputs=[((1,), 1), ((2,), 1), ((4,), 1)]),
+    ]
+    spec_rounds = [
+        # request 1 differs, request 2 failed
+        bench.Result("agentspec", 8, outputs=[((1,), 1), ((9,), 1), None]),
+        # all three as none answered them in this round, in fewer steps
+        bench.Result("agentspec", 8, outputs=[((1,), 1), ((2,), 1), ((4,), 1)]),
+    ]
+    none = bench.merge_results(none_rounds)
+    spec = bench.merge_results(spec_rounds)
+    other = bench.Result("agentspec", 1, outputs=[((1,), 1)])  # a level without none
+    assert bench.same_as_none([none, spec, other]) == {8: (6, 3, {"none": 2, "agentspec": 4})}
+
+
+def test_report_same_as_none_prints_a_count_per_method(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load_bench()
+    bench.report_same_as_none({32: (96, 32, {"none": 30, "suffix": 80})})
+    out = capsys.readouterr().out
+    assert "c=32  none 30/32  suffix 80/96" in out
+    bench.report_same_as_none({})
+    assert capsys.readouterr().out == ""
+
+
 def test_merge_results_keeps_every_rounds_outputs_in_order() -> None:
     bench = _load_bench()
     r1 = bench.Result("agentspec", 1, outputs=[((1,), 1)])
