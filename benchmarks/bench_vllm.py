@@ -50,7 +50,10 @@ request streamed.  Reported per method and concurrency:
 * **acc.len**: vLLM's mean acceptance length, ``1 + accepted / drafts``
   (steps that had a draft only);
 * **TPOT** (ms): median over requests of ``(t_last - t_first) / (tokens - 1)``;
-* **tok/s**: completion tokens per second of wall time at that concurrency.
+* **tok/s**: completion tokens per second of wall time at that concurrency;
+* **wall s** (per round, with ``--rounds``): seconds from a level's first
+  request sent to its last one done.  tok/s also moves with the outputs'
+  length, and greedy outputs can differ between methods and rounds here.
 
 Then each method's TPOT and throughput relative to ``none``, and how many
 requests each method answered with exactly ``none``'s output ids (same request,
@@ -147,6 +150,7 @@ class Result:
     errors: int = 0
     round_tpots: list[float] = field(default_factory=list)  # per round, when merged
     round_throughputs: list[float] = field(default_factory=list)  # tok/s per round, merged
+    round_walls: list[float] = field(default_factory=list)  # wall seconds per round, merged
     # per request, in prompt order (rounds one after another): output ids and
     # client-counted steps, None when the request failed
     outputs: list[tuple[tuple[int, ...], int] | None] = field(default_factory=list)
@@ -235,6 +239,7 @@ def merge_results(rounds: list[Result]) -> Result:
         out.errors += r.errors
         out.round_tpots.append(r.tpot_ms)
         out.round_throughputs.append(r.throughput)
+        out.round_walls.append(r.wall)
         out.outputs += r.outputs
     return out
 
@@ -730,13 +735,23 @@ def _round_table(
 
 
 def report_rounds(results: list[Result]) -> None:
-    """Each round's TPOT and tok/s per method and level, their medians, and at
-    each level the method with the lowest median TPOT and the highest median
-    tok/s; then each method's median tok/s relative to ``none``."""
+    """Each round's TPOT, tok/s and wall seconds per method and level, their
+    medians, and at each level the method with the lowest median TPOT, the
+    highest median tok/s and the lowest median wall time; then each method's
+    median tok/s relative to ``none``.  Wall time is there because tok/s also
+    moves with the outputs' length: where greedy outputs differ between methods
+    (or rounds), the same requests can end in more or fewer tokens."""
     levels = sorted({r.concurrency for r in results})
     _round_table(results, "TPOT ms", lambda r: r.round_tpots, lambda r: r.tpot_round_median_ms, min)
     _round_table(
         results, "tok/s", lambda r: r.round_throughputs, lambda r: r.throughput_round_median, max
+    )
+    _round_table(
+        results,
+        "wall s",
+        lambda r: r.round_walls,
+        lambda r: statistics.median(r.round_walls) if r.round_walls else r.wall,
+        min,
     )
     base = {r.concurrency: r for r in results if r.method == "none"}
     if base:
@@ -1035,6 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
                         "errors": r.errors,
                         "round_tpot_ms": r.round_tpots,
                         "round_throughput": r.round_throughputs,
+                        "round_wall_s": r.round_walls,
                         "same_output_requests": same[r.concurrency][0]
                         if r.concurrency in same
                         else None,

@@ -404,6 +404,10 @@ def test_report_rounds_prints_throughput_ratios(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "tok/s per round" in out
     assert "[ 100.0]*" in out  # agentspec's median tok/s is the level's highest
+    # each round's wall seconds, agentspec's median (1.0 s) the level's lowest
+    wall_table = out[out.index("wall s per round") :]
+    assert "agentspec         c=8      1.0    0.5    1.0  [   1.0]*" in wall_table
+    assert "none              c=8      2.0    2.0    4.0  [   2.0] " in wall_table
     # median tok/s relative to none: 100 / 50
     assert any(line.split() == ["agentspec", "2.00"] for line in out.splitlines())
 
