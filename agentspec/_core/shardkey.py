@@ -15,6 +15,7 @@ __all__ = [
     "ShardKey",
     "check_key",
     "check_tag",
+    "check_tenant",
     "is_shard_dir_name",
     "key_dir_name",
     "key_json",
@@ -79,22 +80,38 @@ def check_tag(value: object, name: str) -> str:
     return checked
 
 
+def check_tenant(value: object, label: str = "tenant") -> str:
+    """Validate a tenant name: as `check_component`, and in Unicode NFC.
+
+    A tenant written in two Unicode forms (``é`` composed and decomposed)
+    would be two tenants with two sets of shards and Redis keys, so a name
+    that is not already NFC is refused rather than silently split.
+    """
+    name = check_component(value, label)
+    assert name is not None
+    if not name.isascii() and unicodedata.normalize("NFC", name) != name:
+        raise InvalidArgumentError(
+            f"{label} is not in Unicode NFC form",
+            "normalise it (unicodedata.normalize('NFC', name))",
+        )
+    return name
+
+
 def check_key(key: object) -> ShardKey:
     """Validate a shard key and return it as a tuple.
 
     Raises:
         InvalidArgumentError: not a 3-item sequence of (str, str | None,
-        str | None), an empty or over-long component, a control character, or
-        a component that is not encodable as UTF-8 (a lone surrogate).
+        str | None), an empty or over-long component, a control character, a
+        component that is not encodable as UTF-8 (a lone surrogate), or a
+        tenant that is not in Unicode NFC form.
     """
     if isinstance(key, (str, bytes)) or not isinstance(key, Sequence) or len(key) != 3:
         raise InvalidArgumentError(
             "a shard key is a (tenant, pipeline, stage) tuple", f"got {key!r:.80}"
         )
-    tenant = check_component(key[0], "shard key tenant")
-    assert tenant is not None
     return (
-        tenant,
+        check_tenant(key[0], "shard key tenant"),
         check_component(key[1], "shard key pipeline", optional=True),
         check_component(key[2], "shard key stage", optional=True),
     )

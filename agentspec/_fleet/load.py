@@ -7,17 +7,25 @@ it is still in the stream, and each shard skips the entries its own
 snapshot already covers.  A snapshot that fails validation (native loader,
 depth, key) is counted and its shard starts empty from that position; the
 next compaction writes it anew, so a damaged snapshot never stops trimming.
+
+Damaged metadata never stops a load: an index entry whose name is not
+UTF-8 or not a shard name, a snapshot hash of the wrong type or with a
+key that is not a flat JSON key, and a ``round`` mark that is not a stream
+id are each counted as a bad snapshot (the mark is then ignored, and the
+covered ids alone decide where to start).  ``epoch`` is the tenant's
+re-seed mark (see `FleetSubscriber`): a subscriber reloads when it changes.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field
 from typing import cast
 
 import redis
 
-from agentspec._core.shardkey import ShardKey, check_key
+from agentspec._core.shardkey import ShardKey
+from agentspec._fleet.entry import parse_key_json
 from agentspec._fleet.ids import ZERO, StreamId, parse_id
 from agentspec._fleet.names import FleetKeys, shard_name
 from agentspec._fleet.shard import FleetShard
@@ -36,23 +44,48 @@ class LoadedState:
     shards: dict[ShardKey, FleetShard] = field(default_factory=dict)
     position: StreamId = ZERO
     bad_snapshots: int = 0
+    epoch: bytes | None = None
+
+
+_NAME = re.compile(rb"[0-9a-f]{32}")
 
 
 def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedState:
     """Every snapshot of the tenant, validated, and the position to tail from."""
-    pipe = client.pipeline(transaction=True)
-    pipe.hget(keys.meta, "round")
-    pipe.hgetall(keys.index)
-    round_raw, index = pipe.execute()
     state = LoadedState()
-    low = ZERO if round_raw is None else parse_id(round_raw)
+    pipe = client.pipeline(transaction=True)
+    pipe.hmget(keys.meta, ["round", "epoch"])
+    pipe.hgetall(keys.index)
+    try:
+        (round_raw, state.epoch), index = pipe.execute()
+    except redis.ResponseError as e:  # WRONGTYPE: damaged metadata, start from the stream
+        state.bad_snapshots += 1
+        _log.warning("agentspec fleet: unreadable snapshot index", error=str(e)[:200])
+        return state
+    try:
+        low: StreamId | None = None if round_raw is None else parse_id(round_raw)
+    except ValueError:
+        state.bad_snapshots += 1
+        _log.warning("agentspec fleet: the round mark is not a stream id; ignored")
+        low = None
+    covered_ids: list[StreamId] = []
     for raw_name in sorted(index):
-        name = raw_name.decode()
-        data, covered_raw, key_raw, gone = cast(
-            "list[bytes | None]", client.hmget(keys.snap(name), ["data", "covered", "key", "gone"])
-        )
+        if not _NAME.fullmatch(raw_name):
+            state.bad_snapshots += 1
+            _log.warning("agentspec fleet: index entry with a bad shard name skipped")
+            continue
+        name = raw_name.decode("ascii")
         try:
-            key = check_key(json.loads(key_raw)) if key_raw is not None else None
+            data, covered_raw, key_raw, gone = cast(
+                "list[bytes | None]",
+                client.hmget(keys.snap(name), ["data", "covered", "key", "gone"]),
+            )
+        except redis.ResponseError:
+            state.bad_snapshots += 1
+            _log.warning("agentspec fleet: unreadable snapshot skipped", shard=name)
+            continue
+        try:
+            key = parse_key_json(key_raw) if key_raw is not None else None
         except ValueError:
             key = None
         if key is None or key[0] != keys.tenant or shard_name(key) != name:
@@ -64,7 +97,7 @@ def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedSt
                 raise ValueError("incomplete snapshot")
             covered = parse_id(covered_raw)
             shard = FleetShard.from_snapshot(key, data, gone or b"", covered, depth)
-        except (AgentSpecError, ValueError) as e:
+        except (AgentSpecError, ValueError, TypeError) as e:
             state.bad_snapshots += 1
             _log.warning(
                 "agentspec fleet: bad snapshot, shard restarts empty",
@@ -74,6 +107,10 @@ def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedSt
             state.shards[key] = FleetShard.empty(key, depth)
             continue
         state.shards[key] = shard
-        low = min(low, shard.through)
-    state.position = low
+        covered_ids.append(shard.through)
+    if low is None:
+        # No (readable) round mark: nothing was compacted, or the mark is damaged.
+        # The covered ids alone say what the snapshots hold; with none, read it all.
+        low = min(covered_ids, default=ZERO) if round_raw is not None else ZERO
+    state.position = min([low, *covered_ids])
     return state

@@ -33,7 +33,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from agentspec._core.shardkey import ShardKey, check_component, key_json
+from agentspec._core.shardkey import ShardKey, check_tenant, key_json
 
 __all__ = [
     "FleetKeys",
@@ -49,8 +49,7 @@ _PLAIN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 def encode_tenant(tenant: str) -> str:
     """The tenant as it appears in key names (plain, or ``%`` + hex of UTF-8)."""
-    name = check_component(tenant, "tenant")
-    assert name is not None
+    name = check_tenant(tenant)
     if _PLAIN.fullmatch(name):
         return name
     return "%" + name.encode("utf-8").hex()
@@ -98,7 +97,7 @@ class FleetKeys:
     @classmethod
     def of(cls, tenant: str) -> FleetKeys:
         """The keys of ``tenant`` (validated)."""
-        p = tenant_prefix(tenant)
+        p = tenant_prefix(tenant)  # validates the name (NFC, length, characters)
         return cls(tenant, p, p + "log", p + "meta", p + "shards", p + "compacting")
 
     def snap(self, name: str) -> str:

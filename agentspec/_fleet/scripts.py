@@ -3,7 +3,8 @@
 Each runs atomically in Redis and touches only the tenant's keys (declared
 in KEYS, so they work under a tenant's ACL user and in one Cluster slot).
 Stream ids are compared as (ms, seq) pairs; Lua numbers hold them exactly
-up to 2**53, far beyond any ``XADD *`` id.
+up to 2**53, far beyond any ``XADD *`` id.  A stored mark that is not a
+stream id (damaged metadata) reads as ``0-0``, never a script error.
 
 - `PUT_SNAPSHOT` (compare-and-set): writes a shard's snapshot and the id it
   covers unless the stored one already covers that id or a later one, so a
@@ -25,6 +26,12 @@ up to 2**53, far beyond any ``XADD *`` id.
   nothing after it was trimmed, and a Redis restart did not lose it), or,
   at ``0-0``, nothing was ever trimmed.  The check is made on whatever
   server answers, so it also holds when the client reconnected silently.
+- `READ`: the subscriber's bounded read: what `TAIL_INFO` tells plus the
+  entries after its position, fetched one at a time inside Redis so that
+  an entry over the size limit is returned as its id and size only, and
+  the batch stops once it holds a byte budget (at least one entry); also
+  the id of the first entry it left unread (for lag in wall time) and the
+  tenant's stored ``depth`` and ``budget``.
 - `RELEASE_LOCK`: deletes the compaction lease if it still holds our token.
 - `XADD_CHECKED`: the publisher's ``XADD``: writes the publisher's view of
   the tenant config if Redis has none (``HSETNX``), and refuses the entry
@@ -40,7 +47,8 @@ from __future__ import annotations
 
 _ID = """
 local function sid(s)
-  local a, b = string.match(s, '^(%d+)-(%d+)$')
+  local a, b = string.match(tostring(s), '^(%d+)-(%d+)$')
+  if not a then return 0, 0 end
   return tonumber(a), tonumber(b)
 end
 local function less(x, y)
@@ -108,6 +116,55 @@ for i = 1, #info, 2 do
   if info[i] == 'last-generated-id' then head = info[i + 1] end
 end
 return {backed, head, redis.call('XLEN', KEYS[2])}
+"""
+
+#: KEYS: meta, stream, index.  ARGV: position, count, max entry bytes, max batch bytes,
+#: force (1: read even when the position is not backed).
+#: Returns {backed, last generated id, length, entries, next id or nil, depth, budget,
+#: snapshots indexed, epoch}; an entry is {id, {field, value, ...}}, or {id, size} when
+#: over the entry limit.
+READ = """
+local pos, count = ARGV[1], tonumber(ARGV[2])
+local max_entry, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4])
+local indexed = redis.call('HLEN', KEYS[3])
+local epoch = redis.call('HGET', KEYS[1], 'epoch') or false
+local backed = 0
+if pos == '0-0' then
+  local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
+  if not trimmed or trimmed == '0-0' then backed = 1 end
+elseif #redis.call('XRANGE', KEYS[2], pos, pos, 'COUNT', 1) > 0 then
+  backed = 1
+end
+local depth = redis.call('HGET', KEYS[1], 'depth') or false
+local budget = redis.call('HGET', KEYS[1], 'budget') or false
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return {backed, '0-0', 0, {}, false, depth, budget, indexed, epoch}
+end
+local info = redis.call('XINFO', 'STREAM', KEYS[2])
+local head = '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then head = info[i + 1] end
+end
+local out, total, start, nxt = {}, 0, '(' .. pos, false
+if backed == 1 or ARGV[5] == '1' then
+  while true do
+    local e = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', 1)
+    if #e == 0 then break end
+    local id, f = e[1][1], e[1][2]
+    if #out >= count then nxt = id break end
+    local size = 0
+    for j = 1, #f do size = size + #f[j] end
+    if size > max_entry then
+      out[#out + 1] = {id, size}
+    else
+      if #out > 0 and total + size > max_batch then nxt = id break end
+      total = total + size
+      out[#out + 1] = {id, f}
+    end
+    start = '(' .. id
+  end
+end
+return {backed, head, redis.call('XLEN', KEYS[2]), out, nxt, depth, budget, indexed, epoch}
 """
 
 #: KEYS: lock.  ARGV: token.

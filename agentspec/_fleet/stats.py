@@ -42,7 +42,9 @@ class SubscriberStats:
         connected: whether it is connected to Redis now.
         position: id of the last stream entry it has read (``0-0``: none).
         head: the stream's last id when it last looked.
-        lag_ms: milliseconds between ``position`` and ``head`` (0 when caught up).
+        lag_ms: wall-clock milliseconds since the oldest entry it has not applied
+            yet was added (by that entry's stream id; 0 when caught up).  It
+            keeps growing while the subscriber cannot advance.
         applied, duplicates, malformed: entries learned, skipped as
             duplicates, refused by validation.
         covered_skips: entries skipped because a loaded snapshot held them.
@@ -56,7 +58,13 @@ class SubscriberStats:
         id: its id in heartbeats (``P sub:<id>``).
         compacts: False once Redis refused it a compaction (a read-only user).
         heartbeats: heartbeats written.
-        denied: writes Redis refused it (config, compaction, heartbeat).
+        denied: writes Redis refused it (config, compaction, heartbeat, re-seed).
+        bad_config: times the tenant's config in Redis was unusable (it kept its own).
+        gaps: reads past a position the stream no longer backs, after
+            repeated reloads found no snapshot that does (entries lost).
+        seeded: times it re-seeded Redis from its shards after the tenant's
+            data was gone.
+        compaction_errors: compaction rounds Redis failed (e.g. damaged marks).
     """
 
     tenant: str
@@ -78,6 +86,10 @@ class SubscriberStats:
     compacts: bool = True
     heartbeats: int = 0
     denied: int = 0
+    bad_config: int = 0
+    gaps: int = 0
+    seeded: int = 0
+    compaction_errors: int = 0
 
 
 @dataclass(frozen=True, slots=True)

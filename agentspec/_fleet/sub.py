@@ -41,7 +41,7 @@ from typing import Any
 
 import redis
 
-from agentspec._core.shardkey import ShardKey, check_key
+from agentspec._core.shardkey import ShardKey, check_key, key_json
 from agentspec._core.tree import SuffixTree
 from agentspec._fleet.compact import CompactionResult, compact
 from agentspec._fleet.config import FleetConfig, tenant_config
@@ -50,11 +50,12 @@ from agentspec._fleet.entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
 from agentspec._fleet.heartbeat import Heartbeat, new_subscriber_id, write_heartbeat
 from agentspec._fleet.ids import ZERO, StreamId, format_id, parse_id
 from agentspec._fleet.load import load_snapshots
-from agentspec._fleet.names import FleetKeys
-from agentspec._fleet.scripts import TAIL_INFO
+from agentspec._fleet.names import FleetKeys, shard_name
+from agentspec._fleet.scripts import PUT_SNAPSHOT, READ
 from agentspec._fleet.shard import FleetShard
 from agentspec._fleet.stats import FleetShardStats, SubscriberStats
 from agentspec._util.log import get_logger
+from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["FleetSubscriber"]
 
@@ -75,7 +76,10 @@ class FleetSubscriber:
         batch: most entries read per ``XREAD``.
         compact_every: compact once the stream holds this many entries
             (0: never on its own; `compact` still works).
-        max_entry_bytes: larger entries are counted as malformed.
+        max_entry_bytes: larger entries are counted as malformed (never fetched:
+            Redis reports their size only).
+        max_batch_bytes: most entry bytes one read fetches (at least one
+            entry); with ``max_entry_bytes`` it bounds what a read holds.
         max_backoff: longest wait between reconnection attempts, seconds.
         name: shown by ``agentspec fleet status`` (default ``host:pid``).
         heartbeat_s: seconds between heartbeats (0: none; expire after
@@ -97,6 +101,7 @@ class FleetSubscriber:
         batch: int = 256,
         compact_every: int = 1000,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
+        max_batch_bytes: int = 8 << 20,
         max_backoff: float = 2.0,
         name: str | None = None,
         heartbeat_s: float = 1.0,
@@ -111,6 +116,7 @@ class FleetSubscriber:
         self._batch = batch
         self._compact_every = compact_every
         self._max_entry_bytes = max_entry_bytes
+        self._max_batch_bytes = max_batch_bytes
         self._max_backoff = max_backoff
         self._name = name
         self._heartbeat_s = heartbeat_s
@@ -133,6 +139,13 @@ class FleetSubscriber:
         self._n["bad_snapshots"] = 0
         self._n["heartbeats"] = 0
         self._n["denied"] = 0
+        self._n["bad_config"] = 0
+        self._n["gaps"] = 0
+        self._n["seeded"] = 0
+        self._n["compaction_errors"] = 0
+        self._next_ms: int | None = None  # stream time of the oldest entry not yet applied
+        self._epoch: bytes | None = None  # the tenant's re-seed mark at the last load
+        self._loads_in_a_row = 0
         self._last_error: str | None = None
         self._last_compaction: CompactionResult | None = None
         self._changed = threading.Condition(threading.RLock())
@@ -189,7 +202,7 @@ class FleetSubscriber:
                 connected=self._connected,
                 position=format_id(pos),
                 head=format_id(head),
-                lag_ms=max(0, head[0] - pos[0]) if pos < head else 0,
+                lag_ms=self._lag_ms(),
                 reconnects=max(0, self._sessions - 1),
                 last_error=self._last_error,
                 shards=shards,
@@ -204,7 +217,17 @@ class FleetSubscriber:
                 compacts=self._can_compact,
                 heartbeats=n["heartbeats"],
                 denied=n["denied"],
+                bad_config=n["bad_config"],
+                gaps=n["gaps"],
+                seeded=n["seeded"],
+                compaction_errors=n["compaction_errors"],
             )
+
+    def _lag_ms(self) -> int:
+        """Wall-clock milliseconds since the oldest entry not yet applied was added (0: none)."""
+        if self._next_ms is None:
+            return 0
+        return max(0, int(time.time() * 1000) - self._next_ms)
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``predicate()`` holds (checked at every change); False on timeout."""
@@ -289,6 +312,8 @@ class FleetSubscriber:
         client = open_client(self._url, socket_timeout=self._block_ms / 1000 + 10)
         try:
             client.ping()
+            with self._changed:
+                self._last_error = None  # recovered; a config problem below sets it again
             self._needs_load |= self._read_config(client)
             with self._changed:
                 self._sessions += 1
@@ -310,8 +335,19 @@ class FleetSubscriber:
             # A read-only user before any writer: build with ours until one writes.
             self._denied("writing the tenant config")
             config = mine
+        except (InvalidArgumentError, redis.ResponseError) as e:
+            # Damaged: keep building with ours, say why; re-read at every load.
+            self._bad_config(e)
+            config = mine
         changed, self.config = config != self.config, config
         return changed
+
+    def _bad_config(self, exc: BaseException) -> None:
+        text = f"the tenant's fleet config in Redis is unusable ({self._redactor.error(exc)})"
+        with self._changed:
+            self._n["bad_config"] += 1
+            self._last_error = text[:500]
+        _log.warning("agentspec fleet: bad tenant config; keeping ours", tenant=self.tenant)
 
     def _denied(self, what: str) -> None:
         self._n["denied"] += 1
@@ -345,8 +381,9 @@ class FleetSubscriber:
             self._n["heartbeats"] += 1
 
     def _tail(self, client: redis.Redis) -> None:
-        sha = client.script_load(TAIL_INFO)
+        sha = client.script_load(READ)
         keys = self._keys
+        idle = False
         while not self._stop.is_set():
             if not self._unpaused.is_set():
                 self._changed_now(_paused=True)
@@ -359,22 +396,53 @@ class FleetSubscriber:
                 self._compact(client)
             self._beat(client)
             read_from = format_id(self._position)
-            pipe = client.pipeline(transaction=False)
-            pipe.xread({keys.log: read_from}, count=self._batch, block=self._block_ms)
-            pipe.evalsha_ro(sha, 2, keys.meta, keys.log, read_from)
+            if idle:
+                # Caught up: wait for an entry after our position.  Only its
+                # arrival matters (COUNT 1): the bounded read below fetches it.
+                client.xread({keys.log: read_from}, count=1, block=self._block_ms)
+            force = self._loads_in_a_row >= 3
             try:
-                reply, (backed, head, length) = pipe.execute()
+                reply = client.evalsha_ro(
+                    sha,
+                    3,
+                    keys.meta,
+                    keys.log,
+                    keys.index,
+                    read_from,
+                    self._batch,
+                    self._max_entry_bytes,
+                    self._max_batch_bytes,
+                    int(force),
+                )
             except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
-                sha = client.script_load(TAIL_INFO)
+                sha = client.script_load(READ)
                 continue
-            if not backed:
+            backed, head, length, entries, nxt, depth, budget, indexed, epoch = reply
+            if self._config_moved(depth, budget) or epoch != self._epoch:
+                self._needs_load = True  # the tenant's config or its re-seed mark changed
+                continue
+            if not backed and not force:
                 # Trimmed past, or lost by a Redis restart (perhaps behind a silent
                 # reconnect): what we hold may differ from what the stream still has.
+                if not int(indexed) and self._holds_sequences():
+                    self._seed(client)  # the tenant's data is gone: give Redis ours
                 self._needs_load = True
                 continue
-            entries = reply[0][1] if reply else []
+            if not backed:
+                with self._changed:
+                    self._n["gaps"] += 1
+                _log.warning(
+                    "agentspec fleet: the stream does not back the snapshots; reading on",
+                    tenant=self.tenant,
+                    position=read_from,
+                )
+            self._loads_in_a_row = 0
             self._apply(entries)
-            self._changed_now(_head=max(parse_id(head), self._position))
+            with self._changed:
+                self._head = max(parse_id(head), self._position)
+                self._next_ms = None if nxt is None else parse_id(nxt)[0]
+                self._changed.notify_all()
+            idle = nxt is None
             self._since_compact_try += len(entries)
             every = self._compact_every
             if (
@@ -385,6 +453,54 @@ class FleetSubscriber:
             ):
                 self._compact(client)
 
+    def _config_moved(self, depth: bytes | None, budget: bytes | None) -> bool:
+        """Whether Redis holds a usable config other than the one we build with."""
+        if depth is None or budget is None:
+            return False  # none yet (a read-only replica before any writer): keep ours
+        try:
+            stored = FleetConfig.decode(depth, budget)
+        except InvalidArgumentError as e:
+            if self._n["bad_config"] == 0 or self._last_error is None:
+                self._bad_config(e)
+            return False
+        return stored != self.config
+
+    def _holds_sequences(self) -> bool:
+        return any(s.order for s in self._shards.values())
+
+    def _seed(self, client: redis.Redis) -> None:
+        """Give Redis our shards after it lost the tenant's data (compare-and-set per shard).
+
+        Each shard is put as a snapshot covering ``0-0`` (the state before any
+        entry of the new stream) only where no snapshot exists, so when several
+        replicas seed at once, one wins each shard; then a new ``epoch`` mark
+        makes every subscriber (this one too) reload what Redis now holds.
+        """
+        assert self.config is not None
+        keys = self._keys
+        put = client.register_script(PUT_SNAPSHOT)
+        try:
+            tenant_config(client, keys, self.config)
+            for shard in list(self._shards.values()):
+                if not shard.order:
+                    continue
+                name = shard_name(shard.key)
+                data, gone = shard.snapshot()
+                args: list[str | bytes] = [name, "0-0", "put", "0-0", data, key_json(shard.key)]
+                args.append(gone)
+                put(keys=[keys.snap(name), keys.index], args=args, client=client)
+            client.hset(keys.meta, "epoch", new_subscriber_id())
+        except redis.exceptions.NoPermissionError:
+            self._denied("re-seeding the tenant")  # a read-only user: a writer seeds
+            return
+        with self._changed:
+            self._n["seeded"] += 1
+        _log.warning(
+            "agentspec fleet: the tenant's data was gone from Redis; re-seeded it from our shards",
+            tenant=self.tenant,
+            shards=len(self._shards),
+        )
+
     def _load(self, client: redis.Redis) -> None:
         self._read_config(client)
         assert self.config is not None
@@ -392,41 +508,52 @@ class FleetSubscriber:
         with self._changed:
             self._shards = state.shards
             self._position = state.position
+            self._epoch = state.epoch
+            self._loads_in_a_row += 1
             self._needs_load = False
             self._n["loads"] += 1
             self._n["bad_snapshots"] += state.bad_snapshots
             self._changed.notify_all()
 
-    def _apply(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        config, n = self.config, self._n
-        assert config is not None
+    def _apply(self, entries: list[list[Any]]) -> None:
+        """Apply a batch in stream order; an entry that fails in any way is counted and skipped."""
         touched: set[FleetShard] = set()
         for raw_id, fields in entries:
             eid = parse_id(raw_id)
             try:
-                entry = decode_entry(fields, self.tenant, config.max_depth, self._max_entry_bytes)
-            except BadEntryError as e:
-                n["malformed"] += 1
+                self._apply_one(eid, fields, touched)
+            except Exception as e:  # never stop at an entry: skip it on every replica alike
+                self._n["malformed"] += 1
+                reason = e.reason if isinstance(e, BadEntryError) else f"{type(e).__name__}"
                 _log.warning(
-                    "agentspec fleet: malformed entry skipped", id=format_id(eid), reason=e.reason
+                    "agentspec fleet: malformed entry skipped", id=format_id(eid), reason=reason
                 )
-            else:
-                shard = self._shards.get(entry.key)
-                if shard is None:
-                    shard = FleetShard.empty(entry.key, config.max_depth)
-                    with self._changed:
-                        self._shards[entry.key] = shard
-                if eid <= shard.through:
-                    n["covered_skips"] += 1
-                elif shard.apply(entry, eid, config.max_shard_tokens):
-                    n["applied"] += 1
-                    touched.add(shard)
-                else:
-                    n["duplicates"] += 1
         for shard in touched:
             shard.sync()
         if entries:
             self._changed_now(_position=parse_id(entries[-1][0]))
+
+    def _apply_one(self, eid: StreamId, fields: object, touched: set[FleetShard]) -> None:
+        config, n = self.config, self._n
+        assert config is not None
+        if isinstance(fields, int):  # only its size came back: over the entry limit
+            raise BadEntryError("oversized")
+        if not isinstance(fields, list) or len(fields) % 2:
+            raise BadEntryError("not a field list")
+        mapping = dict(zip(fields[::2], fields[1::2], strict=True))
+        entry = decode_entry(mapping, self.tenant, config.max_depth, self._max_entry_bytes)
+        shard = self._shards.get(entry.key)
+        if shard is None:
+            shard = FleetShard.empty(entry.key, config.max_depth)
+            with self._changed:
+                self._shards[entry.key] = shard
+        if eid <= shard.through:
+            n["covered_skips"] += 1
+        elif shard.apply(entry, eid, config.max_shard_tokens):
+            n["applied"] += 1
+            touched.add(shard)
+        else:
+            n["duplicates"] += 1
 
     def _compact(self, client: redis.Redis) -> None:
         self._since_compact_try = 0
@@ -437,6 +564,9 @@ class FleetSubscriber:
             except redis.exceptions.NoPermissionError:
                 self._can_compact = False  # a read-only user: writers compact
                 self._denied("compaction")
+            except redis.ResponseError as e:  # e.g. damaged marks: keep following the stream
+                self._n["compaction_errors"] += 1
+                _log.warning("agentspec fleet: compaction failed", error=self._redactor.error(e))
         with self._changed:
             if result is not None:
                 self._n["compactions"] += 1
