@@ -17,6 +17,7 @@ applied, on the subscriber's own thread, between two reads):
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,12 +26,15 @@ from typing import Any, cast
 import redis
 
 from agentspec._core.shardkey import key_json
+from agentspec._fleet.entry import parse_key_json
 from agentspec._fleet.ids import StreamId, format_id, parse_id
 from agentspec._fleet.names import FleetKeys, shard_name
 from agentspec._fleet.scripts import FINISH_ROUND, PUT_SNAPSHOT, RELEASE_LOCK
 from agentspec._fleet.shard import FleetShard
 
 __all__ = ["CompactionResult", "compact"]
+
+_NAME = re.compile(rb"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +76,17 @@ def _round(
     client: redis.Redis, keys: FleetKeys, shards: list[FleetShard], position: StreamId
 ) -> CompactionResult:
     put = client.register_script(PUT_SNAPSHOT)
-    index = cast("dict[bytes, bytes]", client.hgetall(keys.index))
-    stored = {n.decode(): parse_id(c) for n, c in index.items()}
+    try:
+        index = cast("dict[bytes, bytes]", client.hgetall(keys.index))
+    except redis.ResponseError:  # not a hash: damaged beyond use; the round writes a new one
+        client.delete(keys.index)
+        index = {}
+    stored: dict[str, StreamId] = {}
+    for raw_name, raw_covered in index.items():
+        try:  # a damaged index entry is rewritten (a put) rather than trusted
+            stored[raw_name.decode("ascii")] = parse_id(raw_covered)
+        except ValueError:
+            continue
     written = bumped = 0
     for shard in shards:
         name = shard_name(shard.key)
@@ -89,8 +102,34 @@ def _round(
         args = [*common, "put", "0-0", data, key_json(shard.key), gone]
         put(keys=[keys.snap(name), keys.index], args=args, client=client)
         written += 1
+    _drop_damaged(client, keys, set(stored) - {shard_name(s.key) for s in shards}, index)
     finish = client.register_script(FINISH_ROUND)
     low, removed = finish(
         keys=[keys.meta, keys.index, keys.log], args=[format_id(position)], client=client
     )
     return CompactionResult(written, bumped, bytes(low).decode(), int(removed))
+
+
+def _drop_damaged(
+    client: redis.Redis, keys: FleetKeys, unknown: set[str], index: dict[bytes, bytes]
+) -> None:
+    """Remove index entries no snapshot can back (they would hold trimming back forever).
+
+    An entry whose name is not a shard name, or whose snapshot hash is
+    missing, unreadable or names another shard, holds nothing a subscriber
+    could load.  A valid snapshot of a shard this compactor has not met yet
+    (another compactor may be ahead) is left alone.
+    """
+    names = {n for n in index if not _NAME.fullmatch(n)}
+    for name in unknown:
+        try:
+            key_raw = client.hget(keys.snap(name), "key")
+            ok = isinstance(key_raw, bytes) and shard_name(parse_key_json(key_raw)) == name
+        except (redis.ResponseError, ValueError):
+            ok = False
+        if not ok:
+            names.add(name.encode())
+    for raw in names:
+        client.hdel(keys.index, raw)
+        if _NAME.fullmatch(raw):
+            client.delete(keys.snap(raw.decode()))

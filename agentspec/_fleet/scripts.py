@@ -51,6 +51,9 @@ local function sid(s)
   if not a then return 0, 0 end
   return tonumber(a), tonumber(b)
 end
+local function valid(s)
+  return s and string.match(tostring(s), '^%d+%-%d+$') ~= nil
+end
 local function less(x, y)
   local a1, b1 = sid(x)
   local a2, b2 = sid(y)
@@ -83,16 +86,19 @@ FINISH_ROUND = (
     _ID
     + """
 local round = redis.call('HGET', KEYS[1], 'round')
+if not valid(round) then round = nil end
 if not round or less(round, ARGV[1]) then
   if round then redis.call('HSET', KEYS[1], 'prev', round) end
   redis.call('HSET', KEYS[1], 'round', ARGV[1])
 end
 local low = redis.call('HGET', KEYS[1], 'prev')
-if not low then return {redis.call('HGET', KEYS[1], 'trimmed') or '0-0', 0} end
+local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
+if not valid(trimmed) then trimmed = nil end
+if not valid(low) then return {trimmed or '0-0', 0} end
 for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+  if not valid(v) then v = '0-0' end
   if less(v, low) then low = v end
 end
-local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
 if trimmed and not less(trimmed, low) then return {trimmed, 0} end
 local n = redis.call('XTRIM', KEYS[3], 'MINID', low)
 redis.call('HSET', KEYS[1], 'trimmed', low)
@@ -126,17 +132,23 @@ return {backed, head, redis.call('XLEN', KEYS[2])}
 READ = """
 local pos, count = ARGV[1], tonumber(ARGV[2])
 local max_entry, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4])
-local indexed = redis.call('HLEN', KEYS[3])
-local epoch = redis.call('HGET', KEYS[1], 'epoch') or false
+local function get(...)  -- damaged metadata (a key of the wrong type) reads as missing
+  local ok, v = pcall(redis.call, ...)
+  if ok and v then return v end
+  return false
+end
+local indexed = get('HLEN', KEYS[3])
+if indexed == false then indexed = 1 end  -- unreadable: never taken for "gone"
+local epoch = get('HGET', KEYS[1], 'epoch')
 local backed = 0
 if pos == '0-0' then
-  local trimmed = redis.call('HGET', KEYS[1], 'trimmed')
+  local trimmed = get('HGET', KEYS[1], 'trimmed')
   if not trimmed or trimmed == '0-0' then backed = 1 end
 elseif #redis.call('XRANGE', KEYS[2], pos, pos, 'COUNT', 1) > 0 then
   backed = 1
 end
-local depth = redis.call('HGET', KEYS[1], 'depth') or false
-local budget = redis.call('HGET', KEYS[1], 'budget') or false
+local depth = get('HGET', KEYS[1], 'depth')
+local budget = get('HGET', KEYS[1], 'budget')
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return {backed, '0-0', 0, {}, false, depth, budget, indexed, epoch}
 end
