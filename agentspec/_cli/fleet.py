@@ -20,7 +20,10 @@ when it wrote the heartbeat), ``behind ms`` (the stream's last id now minus
 its position), when it was last heard from, and whether it compacts (a
 read-only user does not).
 
-The Redis password never appears in the output (``***``).  A tenant without
+The Redis password never appears in the output (``***``).  Give the URL in
+a file (``--redis-file PATH``, mode 600) or in ``$AGENTSPEC_REDIS_URL`` /
+``$AGENTSPEC_REDIS_URL_FILE`` to keep the password out of the process list;
+``--redis URL`` with a password works but warns.  A tenant without
 fleet data is reported as such; nothing is written to Redis.
 """
 
@@ -28,17 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from agentspec._fleet.status import fleet_status
-from agentspec.exceptions import InvalidArgumentError
+from agentspec._util import secrets_source
+from agentspec._util.secrets_source import REDIS_URL_ENV, REDIS_URL_FILE_ENV, RedisUrlError
 
 __all__ = ["add_arguments", "run_status"]
-
-#: Environment variable with the Redis URL (as ``agentspec serve --redis``).
-_REDIS_ENV = "AGENTSPEC_REDIS_URL"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description=(__doc__ or "").split("\n\n", 1)[-1].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    st.add_argument(
-        "--redis", default=None, metavar="URL", help=f"Redis URL (default: ${_REDIS_ENV})"
+    secrets_source.add_arguments(
+        st,
+        f"Redis URL (default: ${REDIS_URL_ENV}); a password here is visible in the process "
+        "list: prefer --redis-file or the environment",
     )
     st.add_argument(
         "--tenant",
@@ -143,10 +145,15 @@ def _table(status: dict[str, Any]) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     """``agentspec fleet status``."""
-    url = args.redis or os.environ.get(_REDIS_ENV)
-    if not url:
-        raise InvalidArgumentError(f"give --redis URL (or set ${_REDIS_ENV})")
-    status = fleet_status(url, list(dict.fromkeys(args.tenant or ["default"])), args.timeout)
+    resolved = secrets_source.from_args(args)
+    if resolved is None:
+        raise RedisUrlError(
+            f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
+            f"${REDIS_URL_FILE_ENV})"
+        )
+    status = fleet_status(
+        resolved.url, list(dict.fromkeys(args.tenant or ["default"])), args.timeout
+    )
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
