@@ -37,6 +37,7 @@ from typing import Any
 from agentspec._fleet.status import fleet_status
 from agentspec._util import secrets_source
 from agentspec._util.secrets_source import REDIS_URL_ENV, REDIS_URL_FILE_ENV, RedisUrlError
+from agentspec.exceptions import AgentSpecError
 
 __all__ = ["add_arguments", "run_status"]
 
@@ -143,6 +144,29 @@ def _table(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Redis errors (as the status module names them) -> what to check.
+_ACCESS_HINTS = (
+    (
+        ("AuthenticationError", "WRONGPASS", "invalid username-password"),
+        "Redis refused the credentials: check the user and password of the URL; an ACL user "
+        "needs both: redis://USER:PASSWORD@HOST",
+    ),
+    (
+        ("NoPermissionError", "NOPERM"),
+        "the Redis user's ACL does not allow that tenant's keys: a tenant's user gets the rules "
+        "that agentspec.fleet.tenant_acl_rules(tenant) gives",
+    ),
+)
+
+
+def _access_hint(message: str) -> str | None:
+    """What to check for an authentication or permission error (None: another error)."""
+    for marks, hint in _ACCESS_HINTS:
+        if any(m in message for m in marks):
+            return hint
+    return None
+
+
 def run_status(args: argparse.Namespace) -> int:
     """``agentspec fleet status``."""
     resolved = secrets_source.from_args(args)
@@ -151,9 +175,14 @@ def run_status(args: argparse.Namespace) -> int:
             f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
             f"${REDIS_URL_FILE_ENV})"
         )
-    status = fleet_status(
-        resolved.url, list(dict.fromkeys(args.tenant or ["default"])), args.timeout
-    )
+    tenants = list(dict.fromkeys(args.tenant or ["default"]))
+    try:
+        status = fleet_status(resolved.url, tenants, args.timeout)
+    except AgentSpecError as e:
+        hint = _access_hint(str(e))
+        if hint is None:
+            raise
+        raise AgentSpecError(f"{e}; hint: {hint}") from None
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
