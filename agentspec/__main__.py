@@ -21,7 +21,9 @@ Subcommands:
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
   serving workers, compare them with the workers' copies (`agentspec._cli.push`);
 - ``agentspec fleet status --redis URL``: a tenant's fleet log on Redis, per
-  shard (`agentspec._cli.fleet`);
+  shard (`agentspec._cli.fleet`); every command taking ``--redis`` also takes
+  ``--redis-file PATH``, ``$AGENTSPEC_REDIS_URL`` and ``$AGENTSPEC_REDIS_URL_FILE``
+  (`agentspec._util.secrets_source`), which keep the password out of argv;
 - ``agentspec vllm-args`` / ``agentspec serve MODEL``: the vLLM flags that
   enable agentspec, and a server started with them (`agentspec._cli.vllm`).
 """
@@ -33,6 +35,7 @@ import sys
 from collections.abc import Sequence
 
 from agentspec._util.cli import doc_description, plain_text
+from agentspec._util.secrets_source import RedisUrlError
 from agentspec.exceptions import AgentSpecError
 
 __all__ = ["build_parser", "main"]
@@ -231,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = ["agentspec", *args_list]
     try:
         return int(args.func(args))
+    except RedisUrlError as e:  # where the URL should come from: a usage error
+        print(f"agentspec: error: {e}", file=sys.stderr)
+        return 2
     except (AgentSpecError, OSError, ValueError, RuntimeError) as e:
         print(f"agentspec: error: {e}", file=sys.stderr)
         return 1

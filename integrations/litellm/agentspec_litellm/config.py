@@ -36,15 +36,17 @@ stats_file         none         JSON file the hook keeps its counters in
 redis              env          the fleet's Redis (``redis://``, ``rediss://`` or
                                 ``unix://``): every learned answer is also published
                                 to the fleet, through the store (needs ``store``);
-                                unset: ``$AGENTSPEC_REDIS_URL`` (unset or empty: no
+                                unset: ``$AGENTSPEC_REDIS_URL``, else the file named by
+                                ``$AGENTSPEC_REDIS_URL_FILE`` (unset or empty: no
                                 fleet); ``false``: no fleet whatever the environment
 =================  ===========  ==================================================
 
 Every value is checked when the config is loaded; a bad one raises
 `InvalidArgumentError` naming the key.  A Redis URL's password never appears
 in an error, a repr, a log line or the stats file (it is shown as ``***``);
-prefer ``$AGENTSPEC_REDIS_URL`` for a URL holding one, so the config file
-carries no secret.
+prefer ``$AGENTSPEC_REDIS_URL`` or ``$AGENTSPEC_REDIS_URL_FILE`` (a file
+holding the URL, mode 600; one other users may read is refused) for a URL
+holding one, so the config file carries no secret.
 """
 
 from __future__ import annotations
@@ -144,16 +146,30 @@ class HookConfig:
                 )
 
     def redis_url(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The fleet's Redis URL: ``redis``, else ``$AGENTSPEC_REDIS_URL`` (None: no fleet).
+        """The fleet's Redis URL: ``redis``, else ``$AGENTSPEC_REDIS_URL``, else the file
+        named by ``$AGENTSPEC_REDIS_URL_FILE`` (None: no fleet).
 
         Raises:
-            InvalidArgumentError: the environment variable holds a bad URL.
+            InvalidArgumentError: the variable holds a bad URL, both variables
+                are set, or the file is missing, open to other users or holds
+                no URL (the message never shows the URL's password).
         """
         if self.redis is False:
             return None
         if self.redis is not None:
             return self.redis
-        env = (os.environ if environ is None else environ).get(REDIS_URL_ENV) or None
+        from agentspec._util.secrets_source import REDIS_URL_FILE_ENV, read_url_file
+
+        environ = os.environ if environ is None else environ
+        env = environ.get(REDIS_URL_ENV) or None
+        path = environ.get(REDIS_URL_FILE_ENV) or None
+        if env is not None and path is not None:
+            raise InvalidArgumentError(
+                f"set either ${REDIS_URL_ENV} or ${REDIS_URL_FILE_ENV}, not both"
+            )
+        if path is not None:
+            where = f"${REDIS_URL_FILE_ENV} {path}"
+            return check_redis_url(read_url_file(path, f"${REDIS_URL_FILE_ENV}"), where)
         return None if env is None else check_redis_url(env, f"${REDIS_URL_ENV}")
 
     @classmethod

@@ -154,3 +154,32 @@ def test_a_yaml_error_does_not_quote_the_file(tmp_path: Path) -> None:
         load_config(tmp_path / "a.yaml")
     assert SECRET not in f"{info.value} {info.value!r}"
     assert info.value.__cause__ is None
+
+
+def test_redis_from_a_url_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentspec._util.secrets_source import REDIS_URL_FILE_ENV
+
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    url = f"rediss://u:{SECRET}@env:6380/0"
+    secret_file = tmp_path / "redis-url"
+    secret_file.write_text(f"  {url}\n")
+    secret_file.chmod(0o600)
+    monkeypatch.setenv(REDIS_URL_FILE_ENV, str(secret_file))
+    assert HookConfig().redis_url() == url  # whitespace stripped
+    monkeypatch.setenv(REDIS_URL_ENV, url)
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        HookConfig().redis_url()
+    monkeypatch.delenv(REDIS_URL_ENV)
+    secret_file.chmod(0o604)  # other users may read it: refused, the password not shown
+    with pytest.raises(InvalidArgumentError, match="mode 0604") as info:
+        HookConfig.from_mapping({"store": "/tmp/s"})
+    assert SECRET not in f"{info.value} {info.value!r}"
+    monkeypatch.setenv(REDIS_URL_FILE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        HookConfig().redis_url()
+    secret_file.chmod(0o600)
+    secret_file.write_text(f"http://u:{SECRET}@h\n")
+    monkeypatch.setenv(REDIS_URL_FILE_ENV, str(secret_file))
+    with pytest.raises(InvalidArgumentError, match="redis://") as info:
+        HookConfig().redis_url()
+    assert SECRET not in f"{info.value} {info.value!r}"

@@ -33,7 +33,10 @@ which wins over the default.  Each key's environment variable is
   from the shards every replica learned and publish each finished response
   there.  ``redis://``, ``rediss://`` or ``unix://``; prefer the variable
   ``AGENTSPEC_VLLM_REDIS_URL`` when it holds a password (vLLM logs its
-  configuration; the plugin itself only ever shows the URL redacted).
+  configuration; the plugin itself only ever shows the URL redacted), or
+  ``AGENTSPEC_VLLM_REDIS_URL_FILE``: the path of a file holding the URL
+  (whitespace around it stripped; a file other users may read, or its group
+  may write, is refused: ``chmod 600``).  Setting both variables is an error.
 - ``fleet_max_tenants`` [16]: most tenants one worker subscribes to (one
   background thread and one Redis connection each); later tenants draft
   without fleet shards.
@@ -74,12 +77,17 @@ from agentspec._core.budget import (
     parse_byte_size,
 )
 from agentspec._push.wire import DEFAULT_MAX_BODY_BYTES
+from agentspec._util.secrets_source import read_url_file
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["ENV_PREFIX", "AgentSpecVllmConfig", "load_config"]
+__all__ = ["ENV_PREFIX", "REDIS_URL_FILE_ENV", "AgentSpecVllmConfig", "load_config"]
 
 #: Prefix of the environment variables of the tuning knobs.
 ENV_PREFIX = "AGENTSPEC_VLLM_"
+
+#: The variable naming a file that holds ``redis_url`` (read when neither the
+#: additional config nor ``AGENTSPEC_VLLM_REDIS_URL`` gives it).
+REDIS_URL_FILE_ENV = "AGENTSPEC_VLLM_REDIS_URL_FILE"
 
 #: Keys whose environment variable does not follow ``ENV_PREFIX + KEY``.
 _ENV_NAMES = {"api_key": "AGENTSPEC_API_KEY", "shm_dir": "AGENTSPEC_SHM_DIR"}
@@ -275,4 +283,11 @@ def load_config(
             values[key] = _convert(key, section[key], "--additional-config")
         elif _env_name(key) in env:
             values[key] = _convert(key, env[_env_name(key)], _env_name(key))
+    url_file = env.get(REDIS_URL_FILE_ENV) or None
+    if url_file is not None and "redis_url" not in section:
+        if env.get(_env_name("redis_url")):
+            raise InvalidArgumentError(
+                f"set either {_env_name('redis_url')} or {REDIS_URL_FILE_ENV}, not both"
+            )
+        values["redis_url"] = read_url_file(url_file, REDIS_URL_FILE_ENV)
     return AgentSpecVllmConfig(**values)

@@ -267,6 +267,53 @@ def test_vllm_args_emits_the_redis_url_in_the_environment() -> None:
         vllm_launch(redis_url="http://h", environ={})
 
 
+def test_the_redis_url_from_a_file(tmp_path: Path) -> None:
+    from agentspec._cli.vllm import REDIS_URL_FILE_ENV, vllm_launch
+
+    url = "redis://u:pw-S3cret@h:6379/0"
+    secret = tmp_path / "url"
+    secret.write_text(f"\n {url} \n")
+    secret.chmod(0o600)
+    launch = vllm_launch(redis_url_file=str(secret), environ={})
+    assert launch.env[REDIS_URL_FILE_ENV] == str(secret)
+    assert "pw-S3cret" not in json.dumps([launch.env, launch.args])
+    config = load_config({}, launch.env)
+    assert config.redis_url == url
+    assert "pw-S3cret" not in repr(config) + json.dumps(config.public())
+    # the additional config's key wins over the file; both variables: refused
+    assert load_config({"agentspec": {"redis_url": "unix:///r"}}, launch.env).redis_url == (
+        "unix:///r"
+    )
+    both = {**launch.env, "AGENTSPEC_VLLM_REDIS_URL": url}
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        load_config({}, both)
+    secret.chmod(0o644)  # every local user could read the password: refused
+    with pytest.raises(InvalidArgumentError, match="mode 0644") as info:
+        load_config({}, launch.env)
+    assert "pw-S3cret" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        load_config({}, {REDIS_URL_FILE_ENV: str(tmp_path / "missing")})
+
+
+def test_a_worker_joins_the_fleet_named_by_a_url_file(
+    server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "w", "on", ">f1le-pw", "resetkeys", "~*", "+@all")
+    secret = tmp_path / "url"
+    secret.write_text(server.url_for("w", "f1le-pw") + "\n")
+    secret.chmod(0o600)
+    monkeypatch.delenv("AGENTSPEC_VLLM_REDIS_URL", raising=False)
+    monkeypatch.setenv("AGENTSPEC_VLLM_REDIS_URL_FILE", str(secret))
+    a = AgentSpecProposer(vllm_config())
+    try:
+        _serve(a, "req-a")
+        assert _published_id(a)
+        assert "f1le-pw" not in json.dumps(a.stats()) + repr(a.config)
+    finally:
+        a.close()
+
+
 def test_no_redis_url_no_fleet() -> None:
     proposer = AgentSpecProposer(vllm_config())
     assert proposer.fleet is None
