@@ -47,11 +47,16 @@ from agentspec._fleet.compact import CompactionResult, compact
 from agentspec._fleet.config import FleetConfig, tenant_config
 from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
 from agentspec._fleet.entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
-from agentspec._fleet.heartbeat import Heartbeat, new_subscriber_id, write_heartbeat
+from agentspec._fleet.functions import fcall, is_missing, load_library
+from agentspec._fleet.heartbeat import (
+    Heartbeat,
+    new_subscriber_id,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from agentspec._fleet.ids import ZERO, StreamId, format_id, parse_id
 from agentspec._fleet.load import load_snapshots
 from agentspec._fleet.names import FleetKeys
-from agentspec._fleet.scripts import TAIL_INFO
 from agentspec._fleet.shard import FleetShard
 from agentspec._fleet.stats import FleetShardStats, SubscriberStats
 from agentspec._util.log import get_logger
@@ -298,7 +303,7 @@ class FleetSubscriber:
         finally:
             if self._stop.is_set() and self._can_beat:
                 with contextlib.suppress(redis.RedisError):  # leave the list now, not at expiry
-                    client.delete(self._keys.heartbeat(self.id))
+                    remove_heartbeat(client, self._keys, self.id)
             client.close()
 
     def _read_config(self, client: redis.Redis) -> bool:
@@ -335,6 +340,8 @@ class FleetSubscriber:
             loads=st.loads,
             reconnects=st.reconnects,
             compacts=st.compacts,
+            depth=self.config.max_depth if self.config else 0,
+            budget=self.config.max_shard_tokens if self.config else None,
         )
         try:
             write_heartbeat(client, self._keys, beat, int(max(10.0, 5 * self._heartbeat_s) * 1000))
@@ -345,7 +352,6 @@ class FleetSubscriber:
             self._n["heartbeats"] += 1
 
     def _tail(self, client: redis.Redis) -> None:
-        sha = client.script_load(TAIL_INFO)
         keys = self._keys
         while not self._stop.is_set():
             if not self._unpaused.is_set():
@@ -361,11 +367,13 @@ class FleetSubscriber:
             read_from = format_id(self._position)
             pipe = client.pipeline(transaction=False)
             pipe.xread({keys.log: read_from}, count=self._batch, block=self._block_ms)
-            pipe.evalsha_ro(sha, 2, keys.meta, keys.log, read_from)
+            fcall(pipe, "tail_info", [keys.meta, keys.log], [read_from])
             try:
                 reply, (backed, head, length) = pipe.execute()
-            except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
-                sha = client.script_load(TAIL_INFO)
+            except redis.ResponseError as e:  # a restarted Redis forgot the library
+                if not is_missing(e):
+                    raise
+                load_library(client)
                 continue
             if not backed:
                 # Trimmed past, or lost by a Redis restart (perhaps behind a silent
