@@ -30,12 +30,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 from agentspec._fleet.status import fleet_status
 from agentspec.exceptions import InvalidArgumentError
 
-__all__ = ["add_arguments", "run_status"]
+__all__ = ["add_arguments", "run_setup", "run_status"]
 
 #: Environment variable with the Redis URL (as ``agentspec serve --redis``).
 _REDIS_ENV = "AGENTSPEC_REDIS_URL"
@@ -69,6 +69,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait for replaying one tenant's log (default 30)",
     )
     st.set_defaults(func=run_status)
+    su = sub.add_parser(
+        "setup",
+        help="load the fleet's Redis function library and print (or create) tenant ACL users",
+        description=_SETUP_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    su.add_argument(
+        "--redis", default=None, metavar="URL", help=f"admin Redis URL (default: ${_REDIS_ENV})"
+    )
+    su.add_argument(
+        "--tenant",
+        action="append",
+        default=None,
+        metavar="T",
+        help="tenant to print ACL users for (repeatable)",
+    )
+    su.add_argument("--apply", action="store_true", help="create the users (ACL SETUSER)")
+    su.add_argument(
+        "--password-file",
+        default=None,
+        metavar="F",
+        help="with --apply: lines 'USER PASSWORD' for every user printed",
+    )
+    su.set_defaults(func=run_setup)
     parser.set_defaults(func=None, _help=parser.print_help)
 
 
@@ -152,4 +176,87 @@ def run_status(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(_table(status))
+    return 0
+
+
+_SETUP_DOC = """\
+Loads (FUNCTION LOAD REPLACE) the fleet's Redis function library, which
+tenant users may only call, and prints, per --tenant, the ACL users of
+the tenant: a writer (publishes, subscribes, compacts) named
+agentspec.<T> and a read-only replica named agentspec-ro.<T>, as
+ACL SETUSER lines with the password as PASSWORD.  With --apply and
+--password-file F (lines "USER PASSWORD"), it creates those users.
+Run it with an admin URL; again after a Redis restart that lost the
+library (no persistence).  The password never appears in the output."""
+
+
+def _users(tenants: list[str]) -> list[tuple[str, list[str]]]:
+    from agentspec._fleet.names import encode_tenant, tenant_acl_rules
+
+    out = []
+    for t in tenants:
+        out.append((f"agentspec.{encode_tenant(t)}", tenant_acl_rules(t)))
+        out.append((f"agentspec-ro.{encode_tenant(t)}", tenant_acl_rules(t, read_only=True)))
+    return out
+
+
+def _passwords(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read --password-file {path}: {e.strerror}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, _, pw = line.partition(" ")
+        if not pw.strip() or any(c.isspace() for c in pw.strip()):
+            raise InvalidArgumentError(f"{path}:{n}: expected 'USER PASSWORD'")
+        out[user] = pw.strip()
+    return out
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    """``agentspec fleet setup``."""
+    import redis
+
+    from agentspec._fleet.connection import Redactor, open_client
+    from agentspec._fleet.functions import load_library
+    from agentspec._fleet.scripts import LIBRARY_NAME
+    from agentspec.exceptions import AgentSpecError
+
+    url = args.redis or os.environ.get(_REDIS_ENV)
+    if not url:
+        raise InvalidArgumentError(f"give --redis URL (or set ${_REDIS_ENV})")
+    users = _users(list(dict.fromkeys(args.tenant or [])))
+    passwords: dict[str, str] = {}
+    if args.apply:
+        if not args.password_file:
+            raise InvalidArgumentError("--apply needs --password-file F")
+        passwords = _passwords(args.password_file)
+        missing = [u for u, _ in users if u not in passwords]
+        if missing:
+            raise InvalidArgumentError(f"--password-file has no password for {', '.join(missing)}")
+    elif args.password_file:
+        raise InvalidArgumentError("--password-file is for --apply")
+    redactor = Redactor(url)
+    try:
+        client = open_client(url)
+        try:
+            load_library(client)
+            for user, rules in users if args.apply else []:
+                cast("Any", client).execute_command(
+                    "ACL", "SETUSER", user, "reset", "on", f">{passwords[user]}", *rules
+                )
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        raise AgentSpecError(f"setup on {redactor.url} failed: {redactor.error(exc)}") from None
+    print(f"loaded function library {LIBRARY_NAME} on {redactor.url}")
+    for user, rules in users:
+        print(f"ACL SETUSER {user} reset on >PASSWORD {' '.join(rules)}")
+    if args.apply:
+        print(f"created {len(users)} users")
     return 0
