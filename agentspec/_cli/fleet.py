@@ -144,7 +144,18 @@ def _table(status: dict[str, Any]) -> str:
             lines.append("  (no shards)")
         subs = t["subscribers"]
         lines.append(f"  subscribers: {len(subs)}")
-        rows = [("name", "position", "lag ms", "behind ms", "seen s ago", "applied", "compacts")]
+        rows = [
+            (
+                "name",
+                "position",
+                "lag ms",
+                "behind ms",
+                "seen s ago",
+                "applied",
+                "compacts",
+                "config",
+            )
+        ]
         for b in subs:
             rows.append(
                 (
@@ -155,12 +166,15 @@ def _table(status: dict[str, Any]) -> str:
                     f"{b['seen_s_ago']:.1f}",
                     str(b["applied"]),
                     "yes" if b["compacts"] else "no",
+                    "differs" if b.get("config_mismatch") else "ok",
                 )
             )
         if subs:
             lines += _aligned(rows, "    ")
         if t["malformed_heartbeats"]:
             lines.append(f"  malformed heartbeats: {t['malformed_heartbeats']}")
+            for r in t.get("malformed_heartbeat_records", []):
+                lines.append(f"    {r['id'][:64]}: {r['reason']} ({r['bytes']} bytes)")
     lines.append(f"note: {status['note']}")
     return "\n".join(lines)
 

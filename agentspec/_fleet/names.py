@@ -3,7 +3,7 @@
 A tenant's keys all start with ``agentspec:{<tenant>}:``, so one Redis ACL
 user per tenant can be limited to them (`tenant_acl_pattern`), and in Redis
 Cluster the braces make the tenant a hash tag: all of its keys live in one
-slot, which the Lua scripts that touch several of them at once need.
+slot, which the library functions that touch several of them at once need.
 
 A tenant name that is not plain ``[A-Za-z0-9_.-]`` is written as ``%`` plus
 the hex of its UTF-8 bytes, so no name can carry a glob character (``*?[]\\``)
