@@ -32,14 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, cast
 
 from agentspec._fleet.status import fleet_status
 from agentspec._util import secrets_source
 from agentspec._util.secrets_source import REDIS_URL_ENV, REDIS_URL_FILE_ENV, RedisUrlError
-from agentspec.exceptions import AgentSpecError
+from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 
-__all__ = ["add_arguments", "run_status"]
+__all__ = ["add_arguments", "run_setup", "run_status"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +72,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait for replaying one tenant's log (default 30)",
     )
     st.set_defaults(func=run_status)
+    su = sub.add_parser(
+        "setup",
+        help="load the fleet's Redis function library and print (or create) tenant ACL users",
+        description=_SETUP_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    secrets_source.add_arguments(
+        su,
+        f"admin Redis URL (default: ${REDIS_URL_ENV}); a password here is visible in the "
+        "process list: prefer --redis-file or the environment",
+    )
+    su.add_argument(
+        "--tenant",
+        action="append",
+        default=None,
+        metavar="T",
+        help="tenant to print ACL users for (repeatable)",
+    )
+    su.add_argument("--apply", action="store_true", help="create the users (ACL SETUSER)")
+    su.add_argument(
+        "--password-file",
+        default=None,
+        metavar="F",
+        help="with --apply: lines 'USER PASSWORD' for every user printed",
+    )
+    su.set_defaults(func=run_setup)
     parser.set_defaults(func=None, _help=parser.print_help)
 
 
@@ -123,7 +149,18 @@ def _table(status: dict[str, Any]) -> str:
             lines.append("  (no shards)")
         subs = t["subscribers"]
         lines.append(f"  subscribers: {len(subs)}")
-        rows = [("name", "position", "lag ms", "behind ms", "seen s ago", "applied", "compacts")]
+        rows = [
+            (
+                "name",
+                "position",
+                "lag ms",
+                "behind ms",
+                "seen s ago",
+                "applied",
+                "compacts",
+                "config",
+            )
+        ]
         for b in subs:
             rows.append(
                 (
@@ -134,12 +171,15 @@ def _table(status: dict[str, Any]) -> str:
                     f"{b['seen_s_ago']:.1f}",
                     str(b["applied"]),
                     "yes" if b["compacts"] else "no",
+                    "differs" if b.get("config_mismatch") else "ok",
                 )
             )
         if subs:
             lines += _aligned(rows, "    ")
         if t["malformed_heartbeats"]:
             lines.append(f"  malformed heartbeats: {t['malformed_heartbeats']}")
+            for r in t.get("malformed_heartbeat_records", []):
+                lines.append(f"    {r['id'][:64]}: {r['reason']} ({r['bytes']} bytes)")
     lines.append(f"note: {status['note']}")
     return "\n".join(lines)
 
@@ -188,4 +228,91 @@ def run_status(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(_table(status))
+    return 0
+
+
+_SETUP_DOC = """\
+Loads (FUNCTION LOAD REPLACE) the fleet's Redis function library, which
+tenant users may only call, and prints, per --tenant, the ACL users of
+the tenant: a writer (publishes, subscribes, compacts) named
+agentspec.<T> and a read-only replica named agentspec-ro.<T>, as
+ACL SETUSER lines with the password as PASSWORD.  With --apply and
+--password-file F (lines "USER PASSWORD"), it creates those users.
+Run it with an admin URL; again after a Redis restart that lost the
+library (no persistence).  The password never appears in the output."""
+
+
+def _users(tenants: list[str]) -> list[tuple[str, list[str]]]:
+    from agentspec._fleet.names import encode_tenant, tenant_acl_rules
+
+    out = []
+    for t in tenants:
+        out.append((f"agentspec.{encode_tenant(t)}", tenant_acl_rules(t)))
+        out.append((f"agentspec-ro.{encode_tenant(t)}", tenant_acl_rules(t, read_only=True)))
+    return out
+
+
+def _passwords(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read --password-file {path}: {e.strerror}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, _, pw = line.partition(" ")
+        if not pw.strip() or any(c.isspace() for c in pw.strip()):
+            raise InvalidArgumentError(f"{path}:{n}: expected 'USER PASSWORD'")
+        out[user] = pw.strip()
+    return out
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    """``agentspec fleet setup``."""
+    import redis
+
+    from agentspec._fleet.connection import Redactor, open_client
+    from agentspec._fleet.functions import load_library
+    from agentspec._fleet.scripts import LIBRARY_NAME
+    from agentspec.exceptions import AgentSpecError
+
+    resolved = secrets_source.from_args(args)
+    if resolved is None:
+        raise RedisUrlError(
+            f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
+            f"${REDIS_URL_FILE_ENV})"
+        )
+    url = resolved.url
+    users = _users(list(dict.fromkeys(args.tenant or [])))
+    passwords: dict[str, str] = {}
+    if args.apply:
+        if not args.password_file:
+            raise InvalidArgumentError("--apply needs --password-file F")
+        passwords = _passwords(args.password_file)
+        missing = [u for u, _ in users if u not in passwords]
+        if missing:
+            raise InvalidArgumentError(f"--password-file has no password for {', '.join(missing)}")
+    elif args.password_file:
+        raise InvalidArgumentError("--password-file is for --apply")
+    redactor = Redactor(url)
+    try:
+        client = open_client(url)
+        try:
+            load_library(client)
+            for user, rules in users if args.apply else []:
+                cast("Any", client).execute_command(
+                    "ACL", "SETUSER", user, "reset", "on", f">{passwords[user]}", *rules
+                )
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        raise AgentSpecError(f"setup on {redactor.url} failed: {redactor.error(exc)}") from None
+    print(f"loaded function library {LIBRARY_NAME} on {redactor.url}")
+    for user, rules in users:
+        print(f"ACL SETUSER {user} reset on >PASSWORD {' '.join(rules)}")
+    if args.apply:
+        print(f"created {len(users)} users")
     return 0

@@ -27,9 +27,9 @@ import redis
 
 from agentspec._core.shardkey import key_json
 from agentspec._fleet.entry import parse_key_json
+from agentspec._fleet.functions import fcall
 from agentspec._fleet.ids import StreamId, format_id, parse_id
 from agentspec._fleet.names import FleetKeys, shard_name
-from agentspec._fleet.scripts import FINISH_ROUND, PUT_SNAPSHOT, RELEASE_LOCK
 from agentspec._fleet.shard import FleetShard
 
 __all__ = ["CompactionResult", "compact"]
@@ -64,18 +64,17 @@ def compact(
 ) -> CompactionResult | None:
     """One compaction round at ``position``; None when another compactor holds the lease."""
     token = secrets.token_hex(8)
-    if not client.set(keys.lock, token, nx=True, px=lease_ms):
+    if fcall(client, "lock", [keys.lock], [token, lease_ms]) != 1:
         return None
     try:
         return _round(client, keys, list(shards), position)
     finally:
-        client.register_script(RELEASE_LOCK)(keys=[keys.lock], args=[token], client=client)
+        fcall(client, "unlock", [keys.lock], [token])
 
 
 def _round(
     client: redis.Redis, keys: FleetKeys, shards: list[FleetShard], position: StreamId
 ) -> CompactionResult:
-    put = client.register_script(PUT_SNAPSHOT)
     try:
         index = cast("dict[bytes, bytes]", client.hgetall(keys.index))
     except redis.ResponseError:  # not a hash: damaged beyond use; the round writes a new one
@@ -95,17 +94,16 @@ def _round(
         have = stored.get(name)
         if have is not None and have >= shard.last_id:
             args = [*common, "bump", format_id(shard.last_id)]
-            if put(keys=[keys.snap(name), keys.index], args=args, client=client) == 1:
+            if fcall(client, "put_snapshot", [keys.snap(name), keys.index], args) == 1:
                 bumped += 1
                 continue
         data, gone = shard.snapshot()
         args = [*common, "put", "0-0", data, key_json(shard.key), gone]
-        put(keys=[keys.snap(name), keys.index], args=args, client=client)
+        fcall(client, "put_snapshot", [keys.snap(name), keys.index], args)
         written += 1
     _drop_damaged(client, keys, set(stored) - {shard_name(s.key) for s in shards}, index)
-    finish = client.register_script(FINISH_ROUND)
-    low, removed = finish(
-        keys=[keys.meta, keys.index, keys.log], args=[format_id(position)], client=client
+    low, removed = fcall(
+        client, "finish_round", [keys.meta, keys.index, keys.log], [format_id(position)]
     )
     return CompactionResult(written, bumped, bytes(low).decode(), int(removed))
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import redis
 
 from agentspec._core.draft import check_max_depth
+from agentspec._fleet.functions import fcall
 from agentspec._fleet.names import FleetKeys
 from agentspec._util.args import as_int
 from agentspec.exceptions import InvalidArgumentError
@@ -75,9 +76,5 @@ def tenant_config(client: redis.Redis, keys: FleetKeys, default: FleetConfig) ->
     depth, budget = client.hmget(keys.meta, ["depth", "budget"])
     if isinstance(depth, bytes) and isinstance(budget, bytes):
         return FleetConfig.decode(depth, budget)
-    pipe = client.pipeline(transaction=True)
-    for field, value in default.encode().items():
-        pipe.hsetnx(keys.meta, field, value)
-    pipe.hmget(keys.meta, ["depth", "budget"])
-    depth, budget = pipe.execute()[-1]
+    depth, budget = fcall(client, "init_config", [keys.meta], list(default.encode().values()))
     return FleetConfig.decode(depth, budget)

@@ -3,7 +3,7 @@
 A tenant's keys all start with ``agentspec:{<tenant>}:``, so one Redis ACL
 user per tenant can be limited to them (`tenant_acl_pattern`), and in Redis
 Cluster the braces make the tenant a hash tag: all of its keys live in one
-slot, which the Lua scripts that touch several of them at once need.
+slot, which the library functions that touch several of them at once need.
 
 A tenant name that is not plain ``[A-Za-z0-9_.-]`` is written as ``%`` plus
 the hex of its UTF-8 bytes, so no name can carry a glob character (``*?[]\\``)
@@ -18,13 +18,14 @@ Keys of tenant T (``P`` = ``agentspec:{T}:``):
 - ``P shards``: hash, shard name -> stream id its snapshot covers;
 - ``P snap:<name>``: hash, one shard's snapshot (``data``, ``covered``,
   ``key``, ``gone``);
-- ``P compacting``: the short lease of the one compactor at work;
-- ``P sub:<id>``: one subscriber's heartbeat (JSON, expires unless renewed;
-  see `_fleet_heartbeat`).
+- ``P compacting``: hash, the short lease of the one compactor at work;
+- ``P sub:records``: hash, subscriber id -> its heartbeat (JSON), and
+  ``P sub:expiry``: sorted set, subscriber id -> when it expires (see
+  `_fleet_heartbeat`).
 
-`tenant_acl_rules` gives the ``ACL SETUSER`` rules of a tenant's user: all of
-its keys, or, for a read-only replica, reading them and writing only its
-heartbeat keys.
+`tenant_acl_rules` gives the least-privilege ``ACL SETUSER`` rules of a
+tenant's user: the fleet's functions and the commands it sends, on its own
+keys; for a read-only replica, reads and its heartbeat only.
 """
 
 from __future__ import annotations
@@ -65,17 +66,50 @@ def tenant_acl_pattern(tenant: str) -> str:
     return f"~{tenant_prefix(tenant)}*"
 
 
+#: Commands every fleet client sends besides the library's functions.
+_BASE_COMMANDS = ("ping", "select", "multi", "exec", "discard", "xread")
+
+
 def tenant_acl_rules(tenant: str, *, read_only: bool = False) -> list[str]:
     """``ACL SETUSER`` rules for a user of ``tenant`` (after ``on``, ``>password``).
 
-    Read-write: every key of the tenant, every command but ``@dangerous``
-    ones.  Read-only (a replica that only subscribes): reads of the tenant's
-    keys (scripts through ``EVALSHA_RO``) and writes to its heartbeat keys
-    only; it never compacts or publishes.
+    Least privilege: ``-@all``, then exactly the commands the fleet sends,
+    on the tenant's keys only.  Writes and atomic reads go through the
+    fleet's function library (`_fleet_scripts`), each function allowed by
+    name (``+fcall|<function>``); the data commands the functions run
+    (Redis checks a function's commands against the caller's ACL too) and
+    key-checked reads (``HGETALL``, ``XREAD`` ...) are allowed on the
+    tenant's keys.  Nothing that lists keys (``SCAN``, ``KEYS``), watches
+    others (``CLIENT TRACKING``), runs code (``EVAL``, ``FUNCTION LOAD``) or
+    writes strings (``SET``) is allowed.
+
+    Read-only (a replica that only subscribes): reads of the tenant's keys,
+    the read-only functions, and the ``beat`` function, writing only its
+    two heartbeat keys; it never compacts, publishes or writes the config.
     """
-    prefix = tenant_prefix(tenant)
-    keys = [f"%R~{prefix}*", f"%RW~{prefix}sub:*"] if read_only else [f"~{prefix}*"]
-    return ["resetkeys", *keys, "resetchannels", "+@all", "-@dangerous"]
+    from agentspec._fleet.scripts import (
+        LIBRARY_NAME,
+        READ_COMMANDS,
+        READ_FUNCTIONS,
+        WRITE_COMMANDS,
+        WRITE_FUNCTIONS,
+    )
+
+    def fn(kind: str, names: tuple[str, ...]) -> list[str]:
+        return [f"+{kind}|{LIBRARY_NAME}_{n}" for n in names]
+
+    keys = FleetKeys.of(tenant)
+    reads = fn("fcall_ro", READ_FUNCTIONS)
+    if read_only:
+        key_rules = [f"%R~{keys.prefix}*", f"%RW~{keys.beats}", f"%RW~{keys.beat_expiry}"]
+        writes = fn("fcall", ("beat",))
+        client = ["+client|getname"]
+    else:
+        key_rules = [f"~{keys.prefix}*"]
+        writes = fn("fcall", WRITE_FUNCTIONS)
+        client = ["+client|getname", "+client|setname"]
+    commands = [f"+{c}" for c in (*_BASE_COMMANDS, *READ_COMMANDS, *WRITE_COMMANDS)]
+    return ["resetkeys", *key_rules, "resetchannels", "-@all", *commands, *client, *reads, *writes]
 
 
 def shard_name(key: ShardKey) -> str:
@@ -104,11 +138,12 @@ class FleetKeys:
         """The snapshot hash of the shard called ``name`` (see `shard_name`)."""
         return f"{self.prefix}snap:{name}"
 
-    def heartbeat(self, subscriber_id: str) -> str:
-        """The heartbeat key of the subscriber ``subscriber_id``."""
-        return f"{self.prefix}sub:{subscriber_id}"
+    @property
+    def beats(self) -> str:
+        """The heartbeat hash: subscriber id -> its record (JSON)."""
+        return f"{self.prefix}sub:records"
 
     @property
-    def heartbeats(self) -> str:
-        """The ``SCAN MATCH`` pattern of every heartbeat key of the tenant."""
-        return f"{self.prefix}sub:*"
+    def beat_expiry(self) -> str:
+        """The heartbeats' expiry times: sorted set, subscriber id -> Unix ms."""
+        return f"{self.prefix}sub:expiry"

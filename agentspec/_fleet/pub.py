@@ -52,9 +52,9 @@ from agentspec._core.tree import SuffixTree
 from agentspec._fleet.config import FleetConfig, tenant_config
 from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
 from agentspec._fleet.entry import MAX_ENTRY_BYTES, FleetEntry, entry_size
+from agentspec._fleet.functions import fcall, is_missing, load_library
 from agentspec._fleet.ids import check_identity
 from agentspec._fleet.names import FleetKeys
-from agentspec._fleet.scripts import XADD_CHECKED
 from agentspec._fleet.stats import PublisherStats
 from agentspec._fleet.window import Acked, DurableWindow, verify
 from agentspec._util.log import get_logger
@@ -318,7 +318,6 @@ class FleetPublisher:
         so a retry resends only the others.
         """
         client = self._connect()
-        xadd = client.register_script(XADD_CHECKED)
         sent: list[FleetEntry] = []
         pipe = client.pipeline(transaction=False)
         pipe.client_getname()
@@ -339,12 +338,15 @@ class FleetPublisher:
             args: list[str | bytes] = list(config.encode().values())
             for name, value in fields.items():
                 args += (name, value)
-            xadd(keys=[keys.meta, keys.log], args=args, client=pipe)
+            fcall(pipe, "xadd", [keys.meta, keys.log], args)
             sent.append(entry)
         name, _named, *results = pipe.execute(raise_on_error=False)
         for r in (name, *results):
             if isinstance(r, _TRANSIENT):
                 raise r
+            if is_missing(r):  # a restarted Redis forgot the library
+                load_library(client)
+                raise _RetryLaterError("the function library was loaded")
         acked_at = monotonic()
         with self._cond:
             self._connected = True

@@ -4,7 +4,11 @@ For each tenant it reads the stream (length, last id, compaction marks) and
 the snapshot index, then replays the log the way a subscriber does (a
 temporary, read-only `FleetSubscriber` that never compacts) to count each
 shard's sequences and tokens, and lists the live subscribers from their
-heartbeats.  ``agentspec fleet status`` (`agentspec._cli.fleet`) prints it
+heartbeats (read through the library's ``beats`` function, no ``SCAN``):
+a subscriber whose tree config (depth, budget) differs from the tenant's
+``meta`` is flagged ``config_mismatch``, and a malformed or oversize record
+is listed under ``malformed_heartbeat_records`` (an oversize one is never
+fetched).  ``agentspec fleet status`` (`agentspec._cli.fleet`) prints it
 as tables; `agentspec.fleet.fleet_status` is the same dict.  Nothing is
 written to Redis, and the password never appears in the result.
 """
@@ -23,6 +27,11 @@ def _ms(sid: str) -> int:
     return int(sid.split("-", 1)[0])
 
 
+def _config_of(depth: int, budget: int | None) -> tuple[bytes, bytes]:
+    """A heartbeat's config as the tenant's ``meta`` fields hold it."""
+    return str(depth).encode(), b"none" if budget is None else str(budget).encode()
+
+
 def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[str, Any]:
     """The status of each tenant's fleet log (JSON-ready; the URL redacted).
 
@@ -33,7 +42,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     import redis
 
     from agentspec._fleet.connection import Redactor, open_client
-    from agentspec._fleet.heartbeat import read_heartbeats
+    from agentspec._fleet.heartbeat import BadHeartbeat, read_heartbeat_records
     from agentspec._fleet.ids import format_id, parse_id
     from agentspec._fleet.names import FleetKeys, shard_name
     from agentspec._fleet.sub import FleetSubscriber
@@ -62,13 +71,17 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                 pipe.xlen(keys.log)
                 pipe.xrevrange(keys.log, count=1)
                 has_meta, meta, index, length, last = pipe.execute()
-                beats, bad_beats = read_heartbeats(client, keys)
+                try:
+                    beats, bad_beats = read_heartbeat_records(client, keys)
+                except redis.ResponseError as exc:  # e.g. a heartbeat key of another type
+                    beats, bad_beats = [], [BadHeartbeat("*", redactor.error(exc)[:200], 0)]
             except redis.RedisError as exc:
                 raise AgentSpecError(f"cannot read {redactor.url}: {redactor.error(exc)}") from None
             if not has_meta:
                 out["tenants"][tenant] = {"exists": False, "shards": []}
                 continue
             covered = {bytes(k).decode(): bytes(v).decode() for k, v in index.items()}
+            config = (meta.get(b"depth"), meta.get(b"budget"))
             stream_last = bytes(last[0][0]).decode() if last else "0-0"
             head = max(
                 [parse_id(stream_last), *(parse_id(c) for c in covered.values())],
@@ -134,10 +147,16 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                         "loads": b.loads,
                         "reconnects": b.reconnects,
                         "compacts": b.compacts,
+                        "depth": b.depth,
+                        "budget": b.budget,
+                        "config_mismatch": _config_of(b.depth, b.budget) != config,
                     }
                     for b in beats
                 ],
-                "malformed_heartbeats": bad_beats,
+                "malformed_heartbeats": len(bad_beats),
+                "malformed_heartbeat_records": [
+                    {"id": b.id, "reason": b.reason, "bytes": b.size} for b in bad_beats
+                ],
             }
     finally:
         client.close()

@@ -12,8 +12,8 @@ so every subscriber at the same position holds the same sequences.  A
 subscriber reloads the snapshots whenever its position is no longer
 backed by the stream:
 
-- the entry at its position is gone (checked by `TAIL_INFO` after every
-  ``XREAD``, in the same round trip): the stream was trimmed past it, or a
+- the entry at its position is gone (checked by the library's ``read``
+  function with every batch it fetches): the stream was trimmed past it, or a
   Redis restart lost it (so what it read may differ from what Redis kept;
   the check runs on whichever server answers, so a silent reconnect by
   the client cannot hide a restart).  The tenant config is read again too.
@@ -23,7 +23,7 @@ down or refusing anything makes the thread keep its trees, record the
 error (secrets removed) and reconnect with exponential backoff.
 
 Read-only users (`tenant_acl_rules` with ``read_only``): the subscriber
-only reads (its script runs as ``EVALSHA_RO``, the config is written only
+only reads (its functions run as ``FCALL_RO``, the config is written only
 when Redis has none); a refused compaction turns compaction off for it and
 a refused heartbeat turns heartbeats off, each counted, never an error.
 About once a second it writes a heartbeat (`_fleet_heartbeat`) with its
@@ -47,11 +47,16 @@ from agentspec._fleet.compact import CompactionResult, compact
 from agentspec._fleet.config import FleetConfig, tenant_config
 from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
 from agentspec._fleet.entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
-from agentspec._fleet.heartbeat import Heartbeat, new_subscriber_id, write_heartbeat
+from agentspec._fleet.functions import fcall
+from agentspec._fleet.heartbeat import (
+    Heartbeat,
+    new_subscriber_id,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from agentspec._fleet.ids import ZERO, StreamId, format_id, parse_id
 from agentspec._fleet.load import load_snapshots
 from agentspec._fleet.names import FleetKeys, shard_name
-from agentspec._fleet.scripts import PUT_SNAPSHOT, READ
 from agentspec._fleet.shard import FleetShard
 from agentspec._fleet.stats import FleetShardStats, SubscriberStats
 from agentspec._util.log import get_logger
@@ -323,7 +328,7 @@ class FleetSubscriber:
         finally:
             if self._stop.is_set() and self._can_beat:
                 with contextlib.suppress(redis.RedisError):  # leave the list now, not at expiry
-                    client.delete(self._keys.heartbeat(self.id))
+                    remove_heartbeat(client, self._keys, self.id)
             client.close()
 
     def _read_config(self, client: redis.Redis) -> bool:
@@ -371,6 +376,8 @@ class FleetSubscriber:
             loads=st.loads,
             reconnects=st.reconnects,
             compacts=st.compacts,
+            depth=self.config.max_depth if self.config else 0,
+            budget=self.config.max_shard_tokens if self.config else None,
         )
         try:
             write_heartbeat(client, self._keys, beat, int(max(10.0, 5 * self._heartbeat_s) * 1000))
@@ -381,7 +388,6 @@ class FleetSubscriber:
             self._n["heartbeats"] += 1
 
     def _tail(self, client: redis.Redis) -> None:
-        sha = client.script_load(READ)
         keys = self._keys
         idle = False
         while not self._stop.is_set():
@@ -401,22 +407,12 @@ class FleetSubscriber:
                 # arrival matters (COUNT 1): the bounded read below fetches it.
                 client.xread({keys.log: read_from}, count=1, block=self._block_ms)
             force = self._loads_in_a_row >= 3
-            try:
-                reply = client.evalsha_ro(
-                    sha,
-                    3,
-                    keys.meta,
-                    keys.log,
-                    keys.index,
-                    read_from,
-                    self._batch,
-                    self._max_entry_bytes,
-                    self._max_batch_bytes,
-                    int(force),
-                )
-            except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
-                sha = client.script_load(READ)
-                continue
+            reply = fcall(
+                client,
+                "read",
+                [keys.meta, keys.log, keys.index],
+                [read_from, self._batch, self._max_entry_bytes, self._max_batch_bytes, int(force)],
+            )
             backed, head, length, entries, nxt, depth, budget, indexed, epoch = reply
             if self._config_moved(depth, budget) or epoch != self._epoch:
                 self._needs_load = True  # the tenant's config or its re-seed mark changed
@@ -478,7 +474,6 @@ class FleetSubscriber:
         """
         assert self.config is not None
         keys = self._keys
-        put = client.register_script(PUT_SNAPSHOT)
         try:
             tenant_config(client, keys, self.config)
             for shard in list(self._shards.values()):
@@ -488,7 +483,7 @@ class FleetSubscriber:
                 data, gone = shard.snapshot()
                 args: list[str | bytes] = [name, "0-0", "put", "0-0", data, key_json(shard.key)]
                 args.append(gone)
-                put(keys=[keys.snap(name), keys.index], args=args, client=client)
+                fcall(client, "put_snapshot", [keys.snap(name), keys.index], args)
             client.hset(keys.meta, "epoch", new_subscriber_id())
         except redis.exceptions.NoPermissionError:
             self._denied("re-seeding the tenant")  # a read-only user: a writer seeds

@@ -42,8 +42,8 @@ import redis
 
 from agentspec._core.shardkey import key_json
 from agentspec._fleet.entry import FleetEntry
+from agentspec._fleet.functions import fcall, is_missing, load_library
 from agentspec._fleet.names import FleetKeys
-from agentspec._fleet.scripts import VERIFY
 
 __all__ = ["Acked", "DurableWindow", "verify"]
 
@@ -132,7 +132,6 @@ def verify(client: redis.Redis, entries: list[Acked]) -> list[bool]:
     Raises:
         redis.RedisError: Redis could not be asked (nothing is decided).
     """
-    script = client.register_script(VERIFY)
     pipe = client.pipeline(transaction=False)
     calls: list[list[int]] = []
     by_tenant: dict[str, list[int]] = {}
@@ -146,10 +145,17 @@ def verify(client: redis.Redis, entries: list[Acked]) -> list[bool]:
             for n in part:
                 e = entries[n].entry
                 args += (entries[n].stream_id, key_json(e.key), e.identity.encode("utf-8"))
-            script(keys=[keys.meta, keys.log], args=args, client=pipe)
+            fcall(pipe, "verify", [keys.meta, keys.log], args)
             calls.append(part)
     present = [False] * len(entries)
-    for part, reply in zip(calls, pipe.execute(), strict=True):
+    try:
+        replies = pipe.execute()
+    except redis.ResponseError as e:
+        if not is_missing(e):
+            raise
+        load_library(client)
+        return verify(client, entries)
+    for part, reply in zip(calls, replies, strict=True):
         for n, ok in zip(part, reply, strict=True):
             present[n] = int(ok) == 1
     return present

@@ -10,6 +10,7 @@ from redis_server import RedisServer, requires_redis_server
 
 from agentspec.__main__ import main
 from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.functions import load_library
 from agentspec._fleet.names import tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher, PublishStatus
 from agentspec._fleet.sub import FleetSubscriber
@@ -26,6 +27,7 @@ def populated():
     """Tenant ``alice``: two shards, one compacted into a snapshot, one more entry after it."""
     with RedisServer(tcp=True) as server:
         admin = server.client()
+        load_library(admin)  # what `agentspec fleet setup` does
         admin.execute_command(
             "ACL", "SETUSER", "alice", "on", f">{PASSWORD}", *tenant_acl_rules("alice")
         )

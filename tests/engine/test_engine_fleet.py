@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentspec._fleet.config import FleetConfig  # noqa: E402
+from agentspec._fleet.functions import load_library  # noqa: E402
 from agentspec._fleet.names import FleetKeys, tenant_acl_rules  # noqa: E402
 from agentspec.engine import EngineOptions, EngineServer  # noqa: E402
 from agentspec.engine._fleet import EngineFleet, fleet_tenants_for  # noqa: E402
@@ -81,6 +82,7 @@ def test_a_response_learned_by_one_engine_drafts_on_another(model_tok, caplog) -
     opts = EngineOptions(default_max_tokens=MAX_NEW)
     with RedisServer(tcp=True) as server:
         admin = server.client()
+        load_library(admin)  # what `agentspec fleet setup` does
         admin.execute_command(
             "ACL", "SETUSER", "eng", "on", f">{PASSWORD}", *tenant_acl_rules("default")
         )

@@ -1,25 +1,33 @@
-"""Tenant isolation with Redis ACL users, and secrets kept out of text.
+"""Tenant isolation with least-privilege Redis ACL users, and secrets kept out of text.
 
-Each tenant gets a Redis user limited to its own key prefix
-(``ACL SETUSER <t> on >pw`` + `tenant_acl_rules`): the fleet works for it,
-and it cannot read another tenant's keys.  A read-only replica user
-(``%R~`` on the prefix, ``%RW~`` on its heartbeat keys only) follows the
-fleet, converges, and never writes shards, config or the stream.
+Each tenant gets a Redis user limited to its own key prefix and to the
+commands the fleet sends (``ACL SETUSER <t> on >pw`` + `tenant_acl_rules`,
+after the admin loaded the function library): the fleet works for it, and
+it can neither read another tenant's keys nor list, watch or block others.
+A read-only replica user (``%R~`` on the prefix, ``%RW~`` on its two
+heartbeat keys) follows the fleet, converges, and never writes shards,
+config or the stream.
 Passwords never appear in logs, errors (``last_error``) or reprs, over a
 unix socket or TCP.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 import pytest
 from redis_server import RedisServer, redis, requires_redis_server
 
+from agentspec.__main__ import main
 from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.functions import LibraryMissingError, fcall, load_library
 from agentspec._fleet.heartbeat import read_heartbeats
 from agentspec._fleet.names import FleetKeys, tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher, PublishStatus
+from agentspec._fleet.scripts import MAX_BEATS
+from agentspec._fleet.status import fleet_status
 from agentspec._fleet.sub import FleetSubscriber
 
 pytestmark = requires_redis_server
@@ -34,6 +42,7 @@ READER_PW = "reader-S3cret-pw"
 def server():
     with RedisServer(tcp=True) as s:
         admin = s.client()
+        load_library(admin)  # what `agentspec fleet setup` does
         for tenant, pw in PASSWORDS.items():
             user = tenant.replace(" ", "_").replace("/", "_")
             admin.execute_command("ACL", "SETUSER", user, "on", f">{pw}", *tenant_acl_rules(tenant))
@@ -132,14 +141,20 @@ def test_wrong_or_foreign_credentials_are_retried_and_never_shown(server, caplog
 
 
 def test_acl_rules_name_only_the_tenants_prefix():
-    assert tenant_acl_rules("alice") == [
-        "resetkeys", "~agentspec:{alice}:*", "resetchannels", "+@all", "-@dangerous",
-    ]  # fmt: skip
+    rules = tenant_acl_rules("alice")
+    assert rules[:4] == ["resetkeys", "~agentspec:{alice}:*", "resetchannels", "-@all"]
+    assert "+fcall|agentspec_v1_xadd" in rules
+    assert "+fcall_ro|agentspec_v1_read" in rules
+    for bad in ("+@all", "+eval", "+evalsha", "+scan", "+keys", "+set", "+function", "+client"):
+        assert bad not in rules
     ro = tenant_acl_rules("team a/b", read_only=True)
-    assert ro[1:3] == [
+    assert ro[1:4] == [
         "%R~agentspec:{%7465616d20612f62}:*",
-        "%RW~agentspec:{%7465616d20612f62}:sub:*",
+        "%RW~agentspec:{%7465616d20612f62}:sub:records",
+        "%RW~agentspec:{%7465616d20612f62}:sub:expiry",
     ]
+    assert [r for r in ro if r.startswith("+fcall|")] == ["+fcall|agentspec_v1_beat"]
+    assert "+client|setname" not in ro
 
 
 def test_a_read_only_replica_follows_the_fleet_and_writes_nothing_else(server, caplog):
@@ -192,11 +207,222 @@ def test_a_read_only_replica_follows_the_fleet_and_writes_nothing_else(server, c
             lambda: plain.xadd(keys.log, {"v": "1"}),
             lambda: plain.hset(keys.meta, "depth", "3"),
             lambda: plain.delete(keys.snap("x")),
+            lambda: plain.set(keys.prefix + "sub:x", b"x" * 100),
+            lambda: plain.hset(keys.snap("ab"), "data", b"x"),
+            lambda: fcall(plain, "init_config", [keys.meta], ["3", "none"]),
+            lambda: fcall(plain, "xadd", [keys.meta, keys.log], ["16", "1000", "v", "1"]),
+            lambda: fcall(plain, "lock", [keys.lock], ["t", 1000]),
+            lambda: plain.eval("return 1", 0),
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 write()
         plain.close()
     # Closing removes its heartbeat at once.
-    assert admin.exists(keys.heartbeat(ro.id)) == 0
+    assert admin.hexists(keys.beats, ro.id) == 0
     admin.close()
     assert READER_PW not in text
+
+
+def _refused(call):
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        call()
+
+
+def test_a_hostile_tenant_can_neither_list_watch_nor_block_others(server):
+    a_url = user_url(server, "alice")
+    with FleetPublisher(a_url, config=CFG) as pub:
+        pub.publish(("alice", "p", "s"), [1, 2, 3], "r1")
+        assert pub.flush(WAIT)
+    a, b = FleetKeys.of("alice"), FleetKeys.of("bob")
+    bob = redis.Redis.from_url(user_url(server, "bob"))
+    busy = "local i = 0 while true do i = i + 1 end"
+    for cmd in (
+        lambda: bob.scan(0),
+        lambda: bob.randomkey(),
+        lambda: bob.dbsize(),
+        lambda: bob.keys("*"),
+        lambda: bob.execute_command("CLIENT", "TRACKING", "on", "BCAST", "PREFIX", a.prefix),
+        lambda: bob.execute_command("CLIENT", "LIST"),
+        lambda: bob.execute_command("CLIENT", "KILL", "TYPE", "normal"),
+        lambda: bob.execute_command("SCRIPT", "FLUSH"),
+        lambda: bob.execute_command("FUNCTION", "FLUSH"),
+        lambda: bob.execute_command("FUNCTION", "LOAD", "#!lua name=x\nreturn 1"),
+        lambda: bob.execute_command("FUNCTION", "LIST"),
+        lambda: bob.eval(busy, 0),
+        lambda: bob.evalsha("0" * 40, 0),
+        lambda: bob.set(b.prefix + "x", b"x"),
+        lambda: bob.set(b.meta, b"x"),
+        lambda: bob.config_get("*"),
+        lambda: bob.info(),
+        lambda: bob.flushall(),
+        lambda: bob.publish("agentspec", "x"),
+        lambda: fcall(bob, "read", [a.meta, a.log, a.index], ["0-0", 1, 1000, 1000, 0]),
+        lambda: fcall(bob, "xadd", [a.meta, a.log], ["16", "1000", "v", "1"]),
+        lambda: fcall(bob, "beat", [a.beats, a.beat_expiry], ["x", b"{}", 1000]),
+    ):
+        _refused(cmd)
+    # Its own functions bound what it writes: the four entry fields only, at a bounded size.
+    for args in (
+        ["16", "1000", "v", "1", "k", "x", "i", "y", "d", "z", "e", "1"],
+        ["16", "1000", "v", "1", "k", "x", "i", "y", "v", "z"],
+        ["16", "1000", "v", "1", "k", "x", "i", "y", "d", b"z" * (5 << 20)],
+    ):
+        with pytest.raises(redis.ResponseError, match="AGENTSPEC_ENTRY"):
+            fcall(bob, "xadd", [b.meta, b.log], args)
+    with pytest.raises(redis.ResponseError, match="AGENTSPEC_KEYS"):
+        fcall(bob, "xadd", [b.meta, b.prefix + "other"], ["16", "1000"])
+    with pytest.raises(redis.ResponseError, match="AGENTSPEC_ARGS"):
+        fcall(bob, "beat", [b.beats, b.beat_expiry], ["x", b"y" * 5000, 1000])
+    assert bob.ping()
+    bob.close()
+    admin = server.client()
+    assert admin.xlen(b.log) == 0
+    assert admin.xlen(a.log) == 1
+    admin.close()
+
+
+def test_every_part_of_the_fleet_runs_under_the_least_privilege_rules(server):
+    url = user_url(server, "bob")
+    key = ("bob", "p", "s")
+    with (
+        FleetPublisher(url, config=CFG, durable_after=0.2) as pub,
+        FleetSubscriber(url, "bob", config=CFG, block_ms=100, compact_every=4) as sub,
+    ):
+        for i in range(12):
+            assert pub.publish(key, [i, 5, 6], f"r{i}") is PublishStatus.QUEUED
+        assert pub.flush(WAIT, durable=True)  # VERIFY and CLIENT GETNAME / SETNAME
+        assert pub.stats().durable == 12
+        assert sub.wait_for(pub.last_id, WAIT)
+        assert sub.compact() is not None
+        for i in range(12, 16):
+            assert pub.publish(key, [i, 5, 6], f"r{i}") is PublishStatus.QUEUED
+        assert pub.flush(WAIT, durable=True)
+        assert sub.wait_for(pub.last_id, WAIT)
+        assert sub.compact() is not None  # the second round trims behind the first
+        assert sub.wait_until(lambda: sub.stats().heartbeats >= 1, WAIT)
+        status = fleet_status(url, ["bob"], WAIT)["tenants"]["bob"]
+        assert status["shards"][0]["sequences"] == 16
+        assert status["stream"]["trimmed"] != "0-0"
+        assert [s["id"] for s in status["subscribers"]] == [sub.id]
+        assert status["subscribers"][0]["config_mismatch"] is False
+        assert status["malformed_heartbeats"] == 0
+        assert sub.stats().last_error is None
+        assert pub.stats().rejected == 0
+
+
+def test_malformed_and_oversize_heartbeats_are_shown_as_such_and_never_fetched(server):
+    keys = FleetKeys.of("alice")
+    url = user_url(server, "alice")
+    admin = server.client()
+    with FleetPublisher(url, config=CFG) as pub:
+        pub.publish(("alice", "p", "s"), [1, 2, 3], "r1")
+        assert pub.flush(WAIT)
+    good = dict(  # noqa: C408
+        id="ok", name="n", host="h", pid=1, position="1-0", head="1-0", lag_ms=0, applied=1,
+        malformed=0, loads=1, reconnects=0, compacts=True, depth=7, budget=None, at_ms=1,
+    )  # fmt: skip
+    records = {
+        "ok": json.dumps(good),
+        "garbage": json.dumps({**good, "id": "garbage", "position": "garbage"}),
+        "notjson": "{",
+        "deep": "[" * 3000,
+        "big": "x" * (8 << 20),
+    }
+    for rid, rec in records.items():
+        admin.hset(keys.beats, rid, rec)
+        admin.zadd(keys.beat_expiry, {rid: int(time.time() * 1000) + 600_000})
+    sent = admin.info("stats")["total_net_output_bytes"]
+    status = fleet_status(url, ["alice"], WAIT)["tenants"]["alice"]
+    assert admin.info("stats")["total_net_output_bytes"] - sent < 1 << 20  # "big" never read
+    assert [s["id"] for s in status["subscribers"]] == ["ok"]
+    assert status["subscribers"][0]["config_mismatch"] is True  # depth 7, the tenant's is 16
+    bad = {r["id"]: r for r in status["malformed_heartbeat_records"]}
+    assert set(bad) == {"garbage", "notjson", "deep", "big"}
+    assert bad["big"]["bytes"] == 8 << 20
+    assert "stream id" in bad["garbage"]["reason"]
+    assert status["malformed_heartbeats"] == 4
+    assert main(["fleet", "status", "--redis", url, "--tenant", "alice"]) == 0
+    # A subscriber's next beats prune the oversize record (bounded work per beat).
+    with FleetSubscriber(url, "alice", config=CFG, block_ms=100, heartbeat_s=0.05) as sub:
+        assert sub.wait_until(lambda: admin.hexists(keys.beats, "big") == 0, WAIT)
+    # Heartbeat keys of the wrong type: reported, status still answers.
+    admin.delete(keys.beats)
+    admin.set(keys.beats, b"x")
+    status = fleet_status(url, ["alice"], WAIT)["tenants"]["alice"]
+    assert status["subscribers"] == []
+    assert status["malformed_heartbeats"] == 1
+    admin.close()
+
+
+def test_heartbeats_expire_and_are_capped_per_tenant(server):
+    keys = FleetKeys.of("bob")
+    admin = server.client()
+    args = [keys.beats, keys.beat_expiry]
+    fcall(admin, "beat", args, ["short", b"{}", 1])
+    assert admin.hexists(keys.beats, "short")
+    n = 0
+    while admin.hexists(keys.beats, "short"):  # pruned by the next beat once expired
+        fcall(admin, "beat", args, [f"f{n}", b"{}", 60_000])
+        n += 1
+        assert n < 10_000
+    for i in range(MAX_BEATS - admin.hlen(keys.beats)):
+        fcall(admin, "beat", args, [f"x{i}", b"{}", 60_000])
+    with pytest.raises(redis.ResponseError, match="AGENTSPEC_FULL"):
+        fcall(admin, "beat", args, ["one-more", b"{}", 60_000])
+    fcall(admin, "beat", args, ["x0", b"{}", 60_000])  # renewing an existing one is fine
+    assert admin.hlen(keys.beats) == MAX_BEATS
+    admin.close()
+
+
+def test_the_library_is_loaded_by_admins_and_named_to_tenants(server):
+    admin = server.client()
+    admin.function_flush()
+    url = user_url(server, "alice")
+    with FleetSubscriber(url, "alice", config=CFG, block_ms=100, max_backoff=0.1) as sub:
+        assert sub.wait_until(
+            lambda: "agentspec fleet setup" in (sub.stats().last_error or ""), WAIT
+        )
+        plain = redis.Redis.from_url(url)
+        k = FleetKeys.of("alice")
+        with pytest.raises(LibraryMissingError, match="agentspec fleet setup"):
+            fcall(plain, "read", [k.meta, k.log, k.index], ["0-0", 1, 1000, 1000, 0])
+        plain.close()
+        # The default user (an admin) loads it on demand; the tenant then connects.
+        keys = FleetKeys.of("alice")
+        assert fcall(admin, "read", [keys.meta, keys.log, keys.index], ["0-0", 1, 9, 9, 0])[0] == 1
+        assert sub.wait_until(lambda: sub.stats().connected, WAIT)
+    admin.close()
+
+
+def test_fleet_setup_loads_the_library_and_creates_the_users(server, tmp_path, capsys):
+    admin = server.client()
+    admin.function_flush()
+    admin_url = f"unix://{server.socket}"
+    assert main(["fleet", "setup", "--redis", admin_url, "--tenant", "carol"]) == 0
+    out = capsys.readouterr().out
+    assert "loaded function library agentspec_v1" in out
+    assert "ACL SETUSER agentspec.carol reset on >PASSWORD resetkeys ~agentspec:{carol}:*" in out
+    assert "ACL SETUSER agentspec-ro.carol " in out
+    pw = tmp_path / "pw"
+    pw.write_text("agentspec.carol carol-S3cret\n# reader\nagentspec-ro.carol carol-ro-S3cret\n")
+    assert main(["fleet", "setup", "--redis", admin_url, "--tenant", "dave", "--apply",
+                 "--password-file", str(pw)]) != 0  # fmt: skip
+    assert "no password for agentspec.dave" in capsys.readouterr().err
+    assert main(["fleet", "setup", "--redis", admin_url, "--tenant", "carol", "--apply",
+                 "--password-file", str(pw)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "carol-S3cret" not in out
+    assert "created 2 users" in out
+    url = server.url_for("agentspec.carol", "carol-S3cret")
+    ro_url = server.url_for("agentspec-ro.carol", "carol-ro-S3cret")
+    key = ("carol", "p", "s")
+    with (
+        FleetPublisher(url, config=CFG) as pub,
+        FleetSubscriber(ro_url, "carol", config=CFG, block_ms=100) as ro,
+    ):
+        pub.publish(key, [1, 2, 3], "r1")
+        assert pub.flush(WAIT)
+        assert ro.wait_for(pub.last_id, WAIT)
+        assert ro.wait_until(lambda: ro.stats().heartbeats >= 1, WAIT)
+        assert len(ro.tree(key)) == 1
+    admin.close()

@@ -16,6 +16,7 @@ from redis_server import RedisServer, requires_redis_server
 
 from agentspec.__main__ import main
 from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.functions import load_library
 from agentspec._fleet.names import tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher, PublishStatus
 from agentspec._fleet.sub import FleetSubscriber
@@ -31,6 +32,7 @@ WAIT = 30.0
 def server():
     with RedisServer(tls=True) as s:
         admin = s.client()
+        load_library(admin)  # what `agentspec fleet setup` does
         admin.execute_command(
             "ACL", "SETUSER", "alice", "on", f">{PASSWORD}", *tenant_acl_rules("alice")
         )

@@ -14,10 +14,10 @@ from redis_server import RedisServer, requires_redis_server
 
 from agentspec import SuffixTree
 from agentspec._fleet.config import FleetConfig
+from agentspec._fleet.functions import fcall
 from agentspec._fleet.ids import parse_id
 from agentspec._fleet.names import FleetKeys
 from agentspec._fleet.pub import FleetPublisher
-from agentspec._fleet.scripts import FINISH_ROUND, PUT_SNAPSHOT
 from agentspec._fleet.sub import FleetSubscriber
 
 pytestmark = requires_redis_server
@@ -125,13 +125,14 @@ def test_a_subscriber_behind_the_trim_reloads_and_converges(server):
 
 def test_snapshots_never_regress_and_trim_never_moves_back(server):
     admin = server.client()
-    put = admin.register_script(PUT_SNAPSHOT)
-    finish = admin.register_script(FINISH_ROUND)
-    snap = KEYS.snap("n1")
+    snap = KEYS.snap("a1")
 
     def put_at(covered, data, mode="put", seen="0-0"):
         keys = [snap, KEYS.index]
-        return put(keys=keys, args=["n1", covered, mode, seen, data, "k", b""])
+        return fcall(admin, "put_snapshot", keys, ["a1", covered, mode, seen, data, "k", b""])
+
+    def finish(keys, args):
+        return fcall(admin, "finish_round", keys, args)
 
     assert put_at("5-0", b"new") == 1
     assert put_at("3-0", b"old") == 1  # already covered: nothing written
@@ -140,7 +141,7 @@ def test_snapshots_never_regress_and_trim_never_moves_back(server):
     assert admin.hget(snap, "covered") == b"5-0"
     assert put_at("9-0", b"", mode="bump", seen="5-0") == 1
     assert admin.hmget(snap, ["data", "covered"]) == [b"new", b"9-0"]
-    assert admin.hget(KEYS.index, "n1") == b"9-0"
+    assert admin.hget(KEYS.index, "a1") == b"9-0"
     for i in range(1, 12):
         admin.xadd(KEYS.log, {"x": "y"}, id=f"{i}-0")
     args = {"keys": [KEYS.meta, KEYS.index, KEYS.log]}
@@ -148,6 +149,6 @@ def test_snapshots_never_regress_and_trim_never_moves_back(server):
     assert finish(**args, args=["7-0"]) == [b"4-0", 3]  # behind the previous round
     assert finish(**args, args=["6-0"]) == [b"4-0", 0]  # an older round changes nothing
     assert finish(**args, args=["10-0"]) == [b"7-0", 3]
-    assert finish(**args, args=["11-0"]) == [b"9-0", 2]  # held back by snapshot n1 at 9-0
+    assert finish(**args, args=["11-0"]) == [b"9-0", 2]  # held back by snapshot a1 at 9-0
     assert admin.xrange(KEYS.log, count=1)[0][0] == b"9-0"
     admin.close()
