@@ -11,7 +11,8 @@ back (``appendfsync="everysec"`` for Redis's usual setting); ``persist=False``
 turns persistence off, so a restart loses all.  ``tls=True`` serves the port
 over TLS only, with a throwaway CA and server certificate made by the
 ``openssl`` command (`url_for` then gives ``rediss://`` URLs that name the
-CA file).
+CA file).  ``extra_args`` go last on the command line (e.g.
+``["--replicaof", "127.0.0.1", "6379"]``); `tcp_url` is the plain TCP URL.
 
 Outside CI, tests skip (with the reason) where the ``redis-server`` binary
 or the ``redis`` client is missing.  Under CI (``CI`` set, as `.ci/run`
@@ -67,6 +68,7 @@ class RedisServer:
         persist: bool = True,
         appendfsync: str = "always",
         tls: bool = False,
+        extra_args: list[str] | None = None,
     ) -> None:
         """Prepare the directory (the server starts with `start`)."""
         assert REDIS_SERVER is not None
@@ -76,6 +78,7 @@ class RedisServer:
         self.tls = tls
         self.persist = persist
         self.appendfsync = appendfsync
+        self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[str] | None = None
         self.reader: threading.Thread | None = None
         self.log: deque[str] = deque(maxlen=200)
@@ -99,7 +102,7 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             args += ["--appendonly", "no"]
-        return args
+        return args + self.extra_args
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the server and wait until it answers PING."""
@@ -129,6 +132,13 @@ class RedisServer:
     def url(self) -> str:
         """The unix-socket URL, no credentials."""
         return f"unix://{self.socket}"
+
+    @property
+    def tcp_url(self) -> str:
+        """The TCP URL on 127.0.0.1, no credentials (the server needs ``tcp=True``)."""
+        assert self.port, "a TCP port (tcp=True)"
+        assert not self.tls, "plain TCP, not TLS"
+        return f"redis://127.0.0.1:{self.port}/0"
 
     def url_for(self, user: str, password: str, *, tcp: bool = False) -> str:
         """A URL with credentials (unix socket, or TCP when the server has a port)."""

@@ -5,7 +5,7 @@ I/O) and hands the entry to a bounded queue; a background thread sends
 queued entries with pipelined ``XADD``s, so Redis being slow or down never
 blocks the caller.  The thread learns each tenant's depth from Redis once
 (`_fleet_config`) and encodes entries there; each ``XADD`` runs in a
-Lua script (`XADD_CHECKED`) that first checks that the tenant's depth is
+library function (``xadd``) that first checks that the tenant's depth is
 still the one the entry was encoded for (a Redis restart that lost its
 data may have re-made the config), so no entry of another depth ever
 reaches the stream.
@@ -29,7 +29,13 @@ relies on; see `agentspec._store.fleet_outbox`):
   response) is learned once, at its first position in the stream.
 - Redis refusing an entry for good (no permission for the tenant's keys,
   over the size limit) drops it with a count, a log line and
-  ``on_rejected`` (``rejected``).
+  ``on_rejected`` (``rejected``).  A refusal for now (`is_transient`: a
+  replica's READONLY right after a failover, NOREPLICAS, LOADING, BUSY,
+  OOM, a lost connection ...) drops nothing: the entries stay queued and
+  are sent again with backoff (``failures``), whether the refusal came
+  from the config read, the ``XADD`` script or the connection.
+  ``last_error`` holds the last failure or rejection (redacted) until a
+  send succeeds again.
 """
 
 from __future__ import annotations
@@ -50,7 +56,14 @@ from agentspec._core.shardkey import check_key
 from agentspec._core.tokens import TokenArray, as_int32_buffer
 from agentspec._core.tree import SuffixTree
 from agentspec._fleet.config import FleetConfig, tenant_config
-from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
+from agentspec._fleet.connection import (
+    SENTINEL_SCHEME,
+    Redactor,
+    is_transient,
+    open_client,
+    parse_sentinel_url,
+    retry_until_stopped,
+)
 from agentspec._fleet.entry import MAX_ENTRY_BYTES, FleetEntry, entry_size
 from agentspec._fleet.functions import fcall, is_missing, load_library
 from agentspec._fleet.ids import check_identity
@@ -64,7 +77,6 @@ __all__ = ["FleetPublisher", "PublishStatus", "Published"]
 
 _log = get_logger()
 
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.OutOfMemoryError)
 _CONFIG_CHANGED = "AGENTSPEC_CONFIG"
 
 
@@ -124,6 +136,8 @@ class FleetPublisher:
         """Create the publisher and start its thread."""
         if not (math.isfinite(durable_after) and durable_after >= 0):
             raise InvalidArgumentError("durable_after must be >= 0 seconds", f"{durable_after}")
+        if isinstance(url, str) and url.lower().startswith(SENTINEL_SCHEME + ":"):
+            parse_sentinel_url(url)  # a malformed one fails here, not forever in the thread
         self._url = url
         self._redactor = Redactor(url)
         self._config = config if config is not None else FleetConfig()
@@ -147,6 +161,7 @@ class FleetPublisher:
         )
         self._connected = False
         self._last_error: str | None = None
+        self._error_is_failure = False  # last_error came from a failure, not a rejection
         self.last_id: str | None = None  #: stream id of the last acknowledged entry
         self._thread = threading.Thread(target=self._run, name="agentspec-fleet-pub", daemon=True)
         self._thread.start()
@@ -304,20 +319,34 @@ class FleetPublisher:
             self._n["failures"] += 1
             self._connected = False
             self._last_error = text
+            self._error_is_failure = True
         if self._client is not None:
             self._client.close()
             self._client = None
         _log.warning(
-            "agentspec fleet: publisher cannot reach redis", url=self._redactor.url, error=text
+            "agentspec fleet: publisher cannot write to redis now; retrying",
+            url=self._redactor.url,
+            error=text,
         )
+
+    def _succeeded(self, *, sent: bool) -> None:
+        """A round trip worked: connected; a send (or a check after a failure) clears last_error."""
+        with self._cond:
+            self._connected = True
+            if sent or self._error_is_failure:
+                self._last_error = None
+                self._error_is_failure = False
 
     def _send(self) -> bool:
         """Send the in-flight batch; raises (to be retried) while some entries remain.
 
         Acknowledged and rejected entries leave the batch as they are known,
-        so a retry resends only the others.
+        so a retry resends only the others; an entry refused for now
+        (`is_transient`) stays, and the first such error is raised.
         """
         client = self._connect()
+        with self._cond:
+            rejected_before = self._n["rejected"]
         sent: list[FleetEntry] = []
         pipe = client.pipeline(transaction=False)
         pipe.client_getname()
@@ -326,7 +355,7 @@ class FleetPublisher:
             try:
                 config = self._tenant_config(client, entry.key[0])
             except (redis.ResponseError, InvalidArgumentError) as e:
-                if isinstance(e, _TRANSIENT):
+                if is_transient(e):
                     raise
                 self._reject(entry, self._redactor.error(e))  # e.g. no permission
                 continue
@@ -341,23 +370,32 @@ class FleetPublisher:
             fcall(pipe, "xadd", [keys.meta, keys.log], args)
             sent.append(entry)
         name, _named, *results = pipe.execute(raise_on_error=False)
-        for r in (name, *results):
-            if isinstance(r, _TRANSIENT):
-                raise r
+        if isinstance(name, Exception) and is_transient(name):
+            raise name
+        for r in results:
             if is_missing(r):  # a restarted Redis forgot the library
                 load_library(client)
                 raise _RetryLaterError("the function library was loaded")
         acked_at = monotonic()
         with self._cond:
-            self._connected = True
             reconnected = self._window.is_new_connection(name)
+        transient: Exception | None = None
+        acked = 0
         for entry, r in zip(sent, results, strict=True):
-            if isinstance(r, redis.ResponseError) and _CONFIG_CHANGED in str(r):
+            if isinstance(r, Exception) and is_transient(r):
+                transient = transient or r  # the entry stays in flight
+            elif isinstance(r, redis.ResponseError) and _CONFIG_CHANGED in str(r):
                 self._configs.pop(entry.key[0], None)  # Redis lost and re-made the config
             elif isinstance(r, Exception):
                 self._reject(entry, self._redactor.error(r))
             else:
                 self._acknowledged(entry, bytes(r).decode(), acked_at)
+                acked += 1
+        if transient is not None:
+            raise transient
+        with self._cond:
+            clean = acked > 0 and self._n["rejected"] == rejected_before
+        self._succeeded(sent=clean)
         self._check_window(client, everything=reconnected)
         with self._cond:
             if self._inflight:
@@ -376,12 +414,12 @@ class FleetPublisher:
         pipe.client_getname()
         pipe.client_setname(self._window.token.decode())
         name, _named = pipe.execute(raise_on_error=False)
-        if isinstance(name, _TRANSIENT):
+        if isinstance(name, Exception) and is_transient(name):
             raise name
         with self._cond:
-            self._connected = True
             reconnected = self._window.is_new_connection(name)
         self._check_window(client, everything=reconnected)
+        self._succeeded(sent=False)
         return True
 
     def _check_window(self, client: redis.Redis, *, everything: bool) -> None:
@@ -438,6 +476,8 @@ class FleetPublisher:
         with self._cond:
             self._inflight.remove(entry)
             self._n["rejected"] += 1
+            self._last_error = self._redactor.scrub(f"rejected: {why}")[:500]
+            self._error_is_failure = False
         _log.warning("agentspec fleet: entry rejected", tenant=entry.key[0], reason=why)
         if self._on_rejected is not None:
             try:

@@ -104,7 +104,8 @@ class PublisherStats:
         refused_full: `FleetPublisher.publish` calls refused (queue full or closed).
         rejected: entries Redis refused for good (no permission, too large, ...).
         failures: failed attempts to reach Redis (entries kept and retried).
-        last_error: the last error, secrets removed (None: none yet).
+        last_error: the last failure or rejection, secrets removed (None: none
+            since the last send that went through).
         unconfirmed: acknowledged entries waiting in the durability window.
         durable: entries known to be durable (verified, or acknowledged
             when there is no window).

@@ -55,7 +55,8 @@ class FleetOptions:
     """How a `ShardStore` publishes to the fleet.
 
     Attributes:
-        url: Redis URL (``redis://``, ``rediss://``, ``unix://``); never shown in reprs.
+        url: Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``);
+            never shown in reprs.
         config: the tenant config written where Redis has none yet.
         durable_after: the publisher's durability window, seconds (see
             `agentspec._fleet.window`); 3 suits ``appendfsync everysec``, 0
