@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from redis_server import RedisServer, requires_redis_server
 
+from agentspec._fleet.functions import load_library
 from agentspec._fleet.names import tenant_acl_rules
 from agentspec._util import secrets_source
 
@@ -67,6 +68,7 @@ def server():
     """A TCP redis-server with the ACL user ``alice`` (password `PASSWORD`, tenant alice)."""
     with RedisServer(tcp=True) as srv:
         with srv.client() as admin:
+            load_library(admin)  # a tenant user may only call the fleet's functions
             rules = tenant_acl_rules("alice")
             admin.execute_command("ACL", "SETUSER", "alice", "on", f">{PASSWORD}", *rules)
         yield srv
