@@ -1,25 +1,31 @@
-"""Compaction: snapshots of every shard a subscriber holds, then trimming the stream.
+"""Compaction: snapshots of the shards that changed, then trimming the stream.
 
-Any subscriber may compact; a short lease (``SET NX PX`` on the tenant's
-``compacting`` key) keeps it to one at a time, but correctness never
-depends on the lease: every write is a compare-and-set on the covered id
-(see `_fleet_scripts`).  A round at stream position P (every entry up to P
-applied, on the subscriber's own thread, between two reads):
+Any subscriber may compact; a short lease (the library's ``lock`` function
+on the tenant's ``compacting`` key) keeps it to one at a time, but
+correctness never depends on the lease: every write is a compare-and-set
+on the covered id (see `_fleet_scripts`).  A round at stream position P
+(every entry up to P applied, on the subscriber's own thread, between two
+reads) costs what changed since the last round, not the number of shards:
 
-1. for each shard, covered = max(P, the shard's ``through``); if the stored
-   snapshot already covers the shard's last entry, it only has its covered
-   id moved forward (no bytes sent); otherwise the shard's snapshot is put;
-2. `FINISH_ROUND` raises ``round`` to P and trims the stream behind the
-   lowest covered id, so the stream only holds entries that some snapshot
-   lacks, and Redis holds about one token budget per shard plus the entries
-   since the oldest snapshot.
+1. each shard that changed since its snapshot was stored (``dirty``) is
+   put with covered = max(P, its ``through``), unless another compactor
+   already stored a snapshot covering its last entry (one pipelined read
+   tells); a shard that did not change has no entry after its stored
+   snapshot, so that snapshot already holds everything of it up to P;
+2. the snapshots of shards evicted by eviction entries are deleted (unless
+   a later snapshot of the shard exists);
+3. ``finish_round`` raises ``round`` to P and trims the stream behind the
+   previous round: after a round at R every shard's snapshot holds all of
+   its entries up to R, so the stream only holds entries that some snapshot
+   may lack, and Redis holds about one token budget per shard plus about
+   two rounds of entries.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,16 +48,19 @@ class CompactionResult:
     """What one compaction round did.
 
     Attributes:
-        written: snapshots put (bytes sent).
-        bumped: stored snapshots whose covered id only moved forward.
+        written: snapshots put (bytes sent): the shards that changed since
+            their snapshot was stored.
+        bumped: changed shards another compactor had already stored.
         trimmed_to: the stream id the stream now starts at or after.
         removed: stream entries the trim removed.
+        dropped: snapshots of evicted shards deleted.
     """
 
     written: int
     bumped: int
     trimmed_to: str
     removed: int
+    dropped: int = 0
 
 
 def compact(
@@ -60,73 +69,95 @@ def compact(
     shards: Iterable[FleetShard],
     position: StreamId,
     *,
+    dropped: Mapping[str, StreamId] | None = None,
+    repair: bool = False,
     lease_ms: int = 60_000,
 ) -> CompactionResult | None:
-    """One compaction round at ``position``; None when another compactor holds the lease."""
+    """One compaction round at ``position``; None when another compactor holds the lease.
+
+    ``dropped``: shard name -> id of the eviction entry that dropped it (their
+    snapshots are deleted unless a later one exists).  ``repair``: also remove
+    index entries that no valid snapshot backs (after a load found damage).
+    """
     token = secrets.token_hex(8)
     if fcall(client, "lock", [keys.lock], [token, lease_ms]) != 1:
         return None
     try:
-        return _round(client, keys, list(shards), position)
+        return _round(client, keys, list(shards), position, dropped or {}, repair)
     finally:
         fcall(client, "unlock", [keys.lock], [token])
 
 
 def _round(
-    client: redis.Redis, keys: FleetKeys, shards: list[FleetShard], position: StreamId
+    client: redis.Redis,
+    keys: FleetKeys,
+    shards: list[FleetShard],
+    position: StreamId,
+    dropped: Mapping[str, StreamId],
+    repair: bool,
 ) -> CompactionResult:
-    try:
-        index = cast("dict[bytes, bytes]", client.hgetall(keys.index))
-    except redis.ResponseError:  # not a hash: damaged beyond use; the round writes a new one
-        client.delete(keys.index)
-        index = {}
-    stored: dict[str, StreamId] = {}
-    for raw_name, raw_covered in index.items():
-        try:  # a damaged index entry is rewritten (a put) rather than trusted
-            stored[raw_name.decode("ascii")] = parse_id(raw_covered)
-        except ValueError:
-            continue
+    dirty = [s for s in shards if s.dirty]
+    covers: list[Any] = []
+    if dirty:  # one round trip: which dirty shards another compactor already stored
+        pipe = client.pipeline(transaction=False)
+        for shard in dirty:
+            pipe.hget(keys.snap(shard_name(shard.key)), "covered")
+        covers = pipe.execute(raise_on_error=False)
     written = bumped = 0
-    for shard in shards:
+    for shard, have_raw in zip(dirty, covers, strict=True):
         name = shard_name(shard.key)
-        covered = format_id(max(position, shard.through))
-        common: list[Any] = [name, covered]
-        have = stored.get(name)
+        try:
+            have = parse_id(have_raw) if isinstance(have_raw, bytes) else None
+        except ValueError:
+            have = None
         if have is not None and have >= shard.last_id:
-            args = [*common, "bump", format_id(shard.last_id)]
-            if fcall(client, "put_snapshot", [keys.snap(name), keys.index], args) == 1:
-                bumped += 1
-                continue
+            shard.dirty = False  # stored already: a snapshot holding every entry we applied
+            bumped += 1
+            continue
         data, gone = shard.snapshot()
-        args = [*common, "put", "0-0", data, key_json(shard.key), gone]
+        covered = format_id(max(position, shard.through))
+        args: list[Any] = [name, covered, "put", "0-0", data, key_json(shard.key), gone]
         fcall(client, "put_snapshot", [keys.snap(name), keys.index], args)
+        shard.dirty = False
         written += 1
-    _drop_damaged(client, keys, set(stored) - {shard_name(s.key) for s in shards}, index)
+    removed_snapshots = 0
+    for name, eid in dropped.items():
+        removed_snapshots += int(
+            fcall(client, "drop_snapshot", [keys.snap(name), keys.index], [name, format_id(eid)])
+        )
+    if repair:
+        _drop_damaged(client, keys, {shard_name(s.key) for s in shards})
     low, removed = fcall(
         client, "finish_round", [keys.meta, keys.index, keys.log], [format_id(position)]
     )
-    return CompactionResult(written, bumped, bytes(low).decode(), int(removed))
+    return CompactionResult(written, bumped, bytes(low).decode(), int(removed), removed_snapshots)
 
 
-def _drop_damaged(
-    client: redis.Redis, keys: FleetKeys, unknown: set[str], index: dict[bytes, bytes]
-) -> None:
-    """Remove index entries no snapshot can back (they would hold trimming back forever).
+def _drop_damaged(client: redis.Redis, keys: FleetKeys, held: set[str]) -> None:
+    """Remove index entries no snapshot can back (run after a load found damage).
 
     An entry whose name is not a shard name, or whose snapshot hash is
     missing, unreadable or names another shard, holds nothing a subscriber
     could load.  A valid snapshot of a shard this compactor has not met yet
     (another compactor may be ahead) is left alone.
     """
+    try:
+        index = cast("dict[bytes, bytes]", client.hgetall(keys.index))
+    except redis.ResponseError:  # not a hash: damaged beyond use; puts write a new one
+        client.delete(keys.index)
+        return
     names = {n for n in index if not _NAME.fullmatch(n)}
-    for name in unknown:
+    for raw in index:
+        name = raw.decode("latin-1")
+        if raw in names or name in held:
+            continue
         try:
             key_raw = client.hget(keys.snap(name), "key")
             ok = isinstance(key_raw, bytes) and shard_name(parse_key_json(key_raw)) == name
         except (redis.ResponseError, ValueError):
             ok = False
         if not ok:
-            names.add(name.encode())
+            names.add(raw)
     for raw in names:
         client.hdel(keys.index, raw)
         if _NAME.fullmatch(raw):

@@ -38,6 +38,7 @@ from agentspec._fleet.ids import MAX_IDENTITY, check_identity, fleet_seq_id
 from agentspec.exceptions import AgentSpecError
 
 __all__ = [
+    "EVICTION",
     "FORMAT",
     "MAX_ENTRY_BYTES",
     "MAX_IDENTITY_BYTES",
@@ -45,11 +46,16 @@ __all__ = [
     "BadEntryError",
     "FleetEntry",
     "decode_entry",
+    "decode_eviction",
+    "eviction_fields",
     "parse_key_json",
 ]
 
 #: The entry format version (field ``v``).
 FORMAT = b"1"
+
+#: The ``v`` of an eviction entry (fields ``v``, ``k``): every replica drops shard ``k``.
+EVICTION = b"x"
 
 #: Default bound on an entry's size (all field names and values), in bytes.
 MAX_ENTRY_BYTES = 4 << 20
@@ -135,6 +141,28 @@ def parse_key_json(raw: bytes) -> ShardKey:
     if not _flat_array(raw):
         raise ValueError("key JSON is not a flat array")
     return check_key(json.loads(raw.decode("utf-8")))
+
+
+def eviction_fields(key: ShardKey) -> dict[bytes, bytes]:
+    """The stream fields of an eviction entry of ``key``."""
+    return {b"v": EVICTION, b"k": key_json(key)}
+
+
+def decode_eviction(fields: Mapping[bytes, bytes], tenant: str) -> ShardKey:
+    """The shard key of an eviction entry of ``tenant``'s stream.
+
+    Raises:
+        BadEntryError: not a valid eviction entry of this tenant.
+    """
+    if set(fields) != {b"v", b"k"} or fields[b"v"] != EVICTION:
+        raise BadEntryError("not an eviction entry")
+    try:
+        key = parse_key_json(fields[b"k"])
+    except ValueError as e:
+        raise BadEntryError("bad key") from e
+    if key[0] != tenant:
+        raise BadEntryError("key of another tenant")
+    return key
 
 
 def decode_entry(

@@ -1,12 +1,15 @@
 """Loading a tenant's snapshots: where a subscriber (re)starts.
 
-The start position is the lowest of the tenant's ``round`` mark and the
-covered ids of the snapshots loaded (``0-0`` when nothing was ever
-compacted, and then nothing was ever trimmed either).  Every entry after
-it is still in the stream, and each shard skips the entries its own
-snapshot already covers.  A snapshot that fails validation (native loader,
-depth, key) is counted and its shard starts empty from that position; the
-next compaction writes it anew, so a damaged snapshot never stops trimming.
+The start position is the tenant's ``round`` mark: a finished compaction
+round at R leaves every shard with a snapshot that holds all of its
+entries up to R (a snapshot covering less belongs to a shard with no entry
+since), and trimming stays behind the round before it, so every entry
+after R is still in the stream.  Without a round (nothing compacted yet,
+or only re-seeded snapshots covering ``0-0``) it is the lowest covered id,
+or ``0-0``.  Each shard skips the entries its own snapshot already covers.
+A snapshot that fails validation (native loader, depth, key) is counted and
+its shard starts empty from that position; the next compaction writes it
+anew, so a damaged snapshot never stops trimming.
 
 Damaged metadata never stops a load: an index entry whose name is not
 UTF-8 or not a shard name, a snapshot hash of the wrong type or with a
@@ -104,13 +107,16 @@ def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedSt
                 shard=name,
                 error=type(e).__name__,
             )
-            state.shards[key] = FleetShard.empty(key, depth)
+            state.shards[key] = empty = FleetShard.empty(key, depth)
+            empty.dirty = True  # the next compaction rewrites the damaged snapshot
             continue
         state.shards[key] = shard
         covered_ids.append(shard.through)
     if low is None:
-        # No (readable) round mark: nothing was compacted, or the mark is damaged.
-        # The covered ids alone say what the snapshots hold; with none, read it all.
-        low = min(covered_ids, default=ZERO) if round_raw is not None else ZERO
-    state.position = min([low, *covered_ids])
+        # No (readable) round mark: nothing was compacted (or seeded snapshots cover
+        # 0-0), or the mark is damaged: the covered ids alone say where to start.
+        low = min(covered_ids, default=ZERO)
+    # A finished round at R means every shard's snapshot holds all of its entries up
+    # to R (a shard whose snapshot covers less had none since), so reading starts at R.
+    state.position = low
     return state

@@ -364,7 +364,8 @@ class FleetPublisher:
                 self._reject(entry, "over max_entry_bytes")
                 continue
             keys = FleetKeys.of(entry.key[0])
-            args: list[str | bytes] = list(config.encode().values())
+            enc = config.encode()
+            args: list[str | bytes] = [enc["depth"], enc["budget"]]
             for name, value in fields.items():
                 args += (name, value)
             fcall(pipe, "xadd", [keys.meta, keys.log], args)

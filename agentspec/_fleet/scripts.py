@@ -76,6 +76,7 @@ MAX_VERIFY = 1024
 WRITE_FUNCTIONS = (
     "put_snapshot",
     "finish_round",
+    "drop_snapshot",
     "lock",
     "unlock",
     "init_config",
@@ -87,6 +88,7 @@ READ_FUNCTIONS = ("read", "verify", "beats")
 
 #: The Redis commands the functions run (a tenant's user needs each; see `tenant_acl_rules`).
 WRITE_COMMANDS = (
+    "del",
     "hset",
     "hsetnx",
     "hdel",
@@ -124,6 +126,7 @@ local MAX_BEATS = @MAX_BEATS@
 local MAX_TTL = @MAX_TTL@
 local MAX_LEASE = @MAX_LEASE@
 local MAX_VERIFY = @MAX_VERIFY@
+local MAX_SHARDS = @MAX_SHARDS@
 
 local function fail(msg) error({err = msg}) end
 
@@ -193,6 +196,22 @@ local function put_snapshot(keys, args)
   return 1
 end
 
+-- KEYS: snap, index.  ARGV: name, eviction entry id.  Deletes a shard's snapshot that
+-- holds no more than the state before its eviction (a later one, of the shard written
+-- again after it, stays).  Returns 1 when deleted.
+local function drop_snapshot(keys, args)
+  local prefix = check_keys(keys, {'^snap:%x+$', '^shards$'})
+  if keys[1] ~= prefix .. 'snap:' .. (args[1] or '') then
+    fail('AGENTSPEC_ARGS the shard name does not match its key')
+  end
+  sid(args[2])
+  local cur = redis.call('HGET', keys[1], 'covered')
+  if valid(cur) and not less(cur, args[2]) then return 0 end
+  redis.call('DEL', keys[1])
+  redis.call('HDEL', keys[2], args[1])
+  return 1
+end
+
 -- KEYS: meta, index, stream.  ARGV: position.  Returns {trimmed id, entries removed}.
 local function finish_round(keys, args)
   check_keys(keys, {'^meta$', '^shards$', '^log$'})
@@ -207,10 +226,6 @@ local function finish_round(keys, args)
   local trimmed = redis.call('HGET', keys[1], 'trimmed')
   if not valid(trimmed) then trimmed = nil end
   if not valid(low) then return {trimmed or '0-0', 0} end
-  for _, v in ipairs(redis.call('HVALS', keys[2])) do
-    if not valid(v) then v = '0-0' end  -- a damaged covered id holds trimming back
-    if less(v, low) then low = v end
-  end
   if trimmed and not less(trimmed, low) then return {trimmed, 0} end
   local n = redis.call('XTRIM', keys[3], 'MINID', low)
   redis.call('HSET', keys[1], 'trimmed', low)
@@ -246,8 +261,9 @@ local function read(keys, args)
   end
   local depth = get('HGET', keys[1], 'depth')
   local budget = get('HGET', keys[1], 'budget')
+  local shards = get('HGET', keys[1], 'shards')
   if redis.call('EXISTS', keys[2]) == 0 then
-    return {backed, '0-0', 0, {}, false, depth, budget, indexed, epoch}
+    return {backed, '0-0', 0, {}, false, depth, budget, indexed, epoch, shards}
   end
   local info = redis.call('XINFO', 'STREAM', keys[2])
   local head = '0-0'
@@ -273,7 +289,8 @@ local function read(keys, args)
       start = '(' .. id
     end
   end
-  return {backed, head, redis.call('XLEN', keys[2]), out, nxt, depth, budget, indexed, epoch}
+  return {backed, head, redis.call('XLEN', keys[2]), out, nxt, depth, budget, indexed, epoch,
+          shards}
 end
 
 -- KEYS: lock (the meta hash's 'lease' fields).  ARGV: token, ms.  Returns 1 when taken.
@@ -306,13 +323,22 @@ local function init_config(keys, args)
   config_args(args[1], args[2])
   redis.call('HSETNX', keys[1], 'depth', args[1])
   redis.call('HSETNX', keys[1], 'budget', args[2])
-  return redis.call('HMGET', keys[1], 'depth', 'budget')
+  if args[3] then
+    int_arg(args[3], 1, MAX_SHARDS, 'shard cap')
+    redis.call('HSETNX', keys[1], 'shards', args[3])
+  end
+  return redis.call('HMGET', keys[1], 'depth', 'budget', 'shards')
 end
 
 -- KEYS: meta, stream.  ARGV: depth, budget, then the entry's field / value pairs.
 local function xadd(keys, args)
   check_keys(keys, {'^meta$', '^log$'})
   config_args(args[1], args[2])
+  if #args == 6 and args[3] == 'v' and args[4] == 'x' and args[5] == 'k' then
+    -- An eviction entry: the shard key only (at most three components).
+    if #args[6] > 4096 then fail('AGENTSPEC_ENTRY the eviction entry is too large') end
+    return redis.call('XADD', keys[2], '*', 'v', 'x', 'k', args[6])
+  end
   if #args ~= 10 then fail('AGENTSPEC_ENTRY an entry has the fields v, k, i, d') end
   local seen, size = {}, 0
   for n = 3, 10, 2 do
@@ -437,6 +463,7 @@ local function reg(name, fn, ro)
 end
 reg('put_snapshot', put_snapshot)
 reg('finish_round', finish_round)
+reg('drop_snapshot', drop_snapshot)
 reg('read', read, true)
 reg('lock', lock)
 reg('unlock', unlock)
@@ -452,6 +479,7 @@ LIBRARY = f"#!lua name={LIBRARY_NAME}\n" + (
     _BODY.replace("@LIB@", LIBRARY_NAME)
     .replace("@MAX_ENTRY@", str(MAX_ENTRY))
     .replace("@MAX_BEAT@", str(MAX_BEAT))
+    .replace("@MAX_SHARDS@", str(1 << 20))
     .replace("@MAX_BEATS@", str(MAX_BEATS))
     .replace("@MAX_TTL@", str(MAX_BEAT_TTL_MS))
     .replace("@MAX_LEASE@", str(MAX_LEASE_MS))

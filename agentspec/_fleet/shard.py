@@ -14,7 +14,9 @@ has read the stream up to the same id holds the same sequences:
   starts from it continues exactly where the writer was.
 
 ``through`` is the stream id the shard's state already reflects (its
-snapshot's covered id): entries up to it are skipped.  ``last_id`` is the
+snapshot's covered id): entries up to it are skipped.  ``dirty`` says the
+shard changed since its snapshot was stored, so a compaction round writes
+only what changed.  ``last_id`` is the
 last entry that touched the shard (a compactor may keep a stored snapshot
 that covers it instead of writing a new one).
 
@@ -90,6 +92,7 @@ class FleetShard:
         "_pending",
         "_trees",
         "applied",
+        "dirty",
         "duplicates",
         "evicted",
         "gone",
@@ -97,6 +100,7 @@ class FleetShard:
         "key",
         "last_id",
         "live",
+        "nbytes",
         "order",
         "through",
         "tokens",
@@ -124,6 +128,10 @@ class FleetShard:
         self.gone: deque[int] = deque(maxlen=GONE_RING)
         self.gone_set: set[int] = set()
         self.applied = self.duplicates = self.evicted = 0
+        #: Whether the shard changed since its snapshot was stored (or loaded).
+        self.dirty = False
+        #: Bytes both trees hold (as of the last `sync`).
+        self.nbytes = 2 * tree.stats().bytes
 
     @classmethod
     def empty(cls, key: ShardKey, depth: int) -> FleetShard:
@@ -173,6 +181,7 @@ class FleetShard:
         if sid in self.live or sid in self.gone_set:
             self.duplicates += 1
             return False
+        self.dirty = True
         self._change(sid, entry.tokens)
         self.order.append((sid, len(entry.tokens)))
         self.live.add(sid)
@@ -198,6 +207,7 @@ class FleetShard:
         self._front = 1 - self._front
         _replay(self._trees[1 - self._front], self._pending)
         self._pending = []
+        self.nbytes = self._trees[0].stats().bytes + self._trees[1].stats().bytes
 
 
 def _replay(tree: SuffixTree, ops: list[tuple[int, array.array[int] | None]]) -> None:

@@ -65,6 +65,11 @@ class SubscriberStats:
         seeded: times it re-seeded Redis from its shards after the tenant's
             data was gone.
         compaction_errors: compaction rounds Redis failed (e.g. damaged marks).
+        evicted_shards: shards dropped by eviction entries (the tenant's shard
+            cap, `FleetConfig.max_shards`), alike on every replica.
+        dropped_local: shards dropped here for the subscriber's own memory
+            budget (``max_bytes``); back at the next reload.
+        bytes: what the trees of every shard hold (both of each left-right pair).
     """
 
     tenant: str
@@ -90,6 +95,9 @@ class SubscriberStats:
     gaps: int = 0
     seeded: int = 0
     compaction_errors: int = 0
+    evicted_shards: int = 0
+    dropped_local: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,14 @@ from agentspec._core.tree import SuffixTree
 from agentspec._fleet.compact import CompactionResult, compact
 from agentspec._fleet.config import FleetConfig, tenant_config
 from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
-from agentspec._fleet.entry import MAX_ENTRY_BYTES, BadEntryError, decode_entry
+from agentspec._fleet.entry import (
+    EVICTION,
+    MAX_ENTRY_BYTES,
+    BadEntryError,
+    decode_entry,
+    decode_eviction,
+    eviction_fields,
+)
 from agentspec._fleet.functions import fcall
 from agentspec._fleet.heartbeat import (
     Heartbeat,
@@ -85,6 +92,11 @@ class FleetSubscriber:
             Redis reports their size only).
         max_batch_bytes: most entry bytes one read fetches (at least one
             entry); with ``max_entry_bytes`` it bounds what a read holds.
+        max_bytes: this replica's memory budget for the tenant's trees (None:
+            none).  Beyond it the shards written longest ago are dropped here
+            (counted as ``dropped_local``) and their entries skipped until the
+            next reload; the tenant-wide shard cap (`FleetConfig.max_shards`)
+            is what evicts shards on every replica alike.
         max_backoff: longest wait between reconnection attempts, seconds.
         name: shown by ``agentspec fleet status`` (default ``host:pid``).
         heartbeat_s: seconds between heartbeats (0: none; expire after
@@ -107,6 +119,7 @@ class FleetSubscriber:
         compact_every: int = 1000,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         max_batch_bytes: int = 8 << 20,
+        max_bytes: int | None = None,
         max_backoff: float = 2.0,
         name: str | None = None,
         heartbeat_s: float = 1.0,
@@ -122,6 +135,12 @@ class FleetSubscriber:
         self._compact_every = compact_every
         self._max_entry_bytes = max_entry_bytes
         self._max_batch_bytes = max_batch_bytes
+        self._max_bytes = max_bytes
+        self._bytes = 0  # both trees of every shard, as of their last sync
+        self._local_drops: set[ShardKey] = set()  # dropped for the memory budget
+        self._evicting: set[ShardKey] = set()  # eviction entries written, not yet read
+        self._dropped: dict[str, StreamId] = {}  # evicted since the last round: name -> id
+        self._repair = False  # the last load found damage: the next round cleans the index
         self._max_backoff = max_backoff
         self._name = name
         self._heartbeat_s = heartbeat_s
@@ -148,6 +167,8 @@ class FleetSubscriber:
         self._n["gaps"] = 0
         self._n["seeded"] = 0
         self._n["compaction_errors"] = 0
+        self._n["evicted_shards"] = 0
+        self._n["dropped_local"] = 0
         self._next_ms: int | None = None  # stream time of the oldest entry not yet applied
         self._epoch: bytes | None = None  # the tenant's re-seed mark at the last load
         self._loads_in_a_row = 0
@@ -226,6 +247,9 @@ class FleetSubscriber:
                 gaps=n["gaps"],
                 seeded=n["seeded"],
                 compaction_errors=n["compaction_errors"],
+                evicted_shards=n["evicted_shards"],
+                dropped_local=n["dropped_local"],
+                bytes=self._bytes,
             )
 
     def _lag_ms(self) -> int:
@@ -413,8 +437,8 @@ class FleetSubscriber:
                 [keys.meta, keys.log, keys.index],
                 [read_from, self._batch, self._max_entry_bytes, self._max_batch_bytes, int(force)],
             )
-            backed, head, length, entries, nxt, depth, budget, indexed, epoch = reply
-            if self._config_moved(depth, budget) or epoch != self._epoch:
+            backed, head, length, entries, nxt, depth, budget, indexed, epoch, cap = reply
+            if self._config_moved(depth, budget, cap) or epoch != self._epoch:
                 self._needs_load = True  # the tenant's config or its re-seed mark changed
                 continue
             if not backed and not force:
@@ -434,6 +458,7 @@ class FleetSubscriber:
                 )
             self._loads_in_a_row = 0
             self._apply(entries)
+            self._keep_within_limits(client)
             with self._changed:
                 self._head = max(parse_id(head), self._position)
                 self._next_ms = None if nxt is None else parse_id(nxt)[0]
@@ -449,12 +474,14 @@ class FleetSubscriber:
             ):
                 self._compact(client)
 
-    def _config_moved(self, depth: bytes | None, budget: bytes | None) -> bool:
+    def _config_moved(
+        self, depth: bytes | None, budget: bytes | None, cap: bytes | None = None
+    ) -> bool:
         """Whether Redis holds a usable config other than the one we build with."""
         if depth is None or budget is None:
             return False  # none yet (a read-only replica before any writer): keep ours
         try:
-            stored = FleetConfig.decode(depth, budget)
+            stored = FleetConfig.decode(depth, budget, cap)
         except InvalidArgumentError as e:
             if self._n["bad_config"] == 0 or self._last_error is None:
                 self._bad_config(e)
@@ -502,6 +529,11 @@ class FleetSubscriber:
         state = load_snapshots(client, self._keys, self.config.max_depth)
         with self._changed:
             self._shards = state.shards
+            self._bytes = sum(s.nbytes for s in state.shards.values())
+            self._local_drops.clear()
+            self._evicting.clear()
+            self._dropped.clear()
+            self._repair = state.bad_snapshots > 0
             self._position = state.position
             self._epoch = state.epoch
             self._loads_in_a_row += 1
@@ -524,7 +556,10 @@ class FleetSubscriber:
                     "agentspec fleet: malformed entry skipped", id=format_id(eid), reason=reason
                 )
         for shard in touched:
+            before = shard.nbytes
             shard.sync()
+            if self._shards.get(shard.key) is shard:
+                self._bytes += shard.nbytes - before
         if entries:
             self._changed_now(_position=parse_id(entries[-1][0]))
 
@@ -536,12 +571,18 @@ class FleetSubscriber:
         if not isinstance(fields, list) or len(fields) % 2:
             raise BadEntryError("not a field list")
         mapping = dict(zip(fields[::2], fields[1::2], strict=True))
+        if mapping.get(b"v") == EVICTION:
+            self._evict(decode_eviction(mapping, self.tenant), eid)
+            return
         entry = decode_entry(mapping, self.tenant, config.max_depth, self._max_entry_bytes)
+        if entry.key in self._local_drops:
+            return  # dropped here for the memory budget, until the next reload
         shard = self._shards.get(entry.key)
         if shard is None:
             shard = FleetShard.empty(entry.key, config.max_depth)
             with self._changed:
                 self._shards[entry.key] = shard
+                self._bytes += shard.nbytes
         if eid <= shard.through:
             n["covered_skips"] += 1
         elif shard.apply(entry, eid, config.max_shard_tokens):
@@ -550,12 +591,70 @@ class FleetSubscriber:
         else:
             n["duplicates"] += 1
 
+    def _evict(self, key: ShardKey, eid: StreamId) -> None:
+        """Apply an eviction entry: drop the shard, unless its state is from after ``eid``."""
+        self._evicting.discard(key)
+        shard = self._shards.get(key)
+        if shard is None or eid <= shard.through:
+            return  # gone already, or loaded from a snapshot written after the eviction
+        with self._changed:
+            del self._shards[key]
+            self._bytes -= shard.nbytes
+        self._dropped[shard_name(key)] = eid
+        self._n["evicted_shards"] += 1
+
+    def _keep_within_limits(self, client: redis.Redis) -> None:
+        """Ask for evictions beyond the tenant's shard cap; drop shards beyond our budget."""
+        config = self.config
+        assert config is not None
+        excess = len(self._shards) - len(self._evicting) - config.max_shards
+        if excess > 0 and self._can_compact:
+            oldest = sorted(
+                (s for k, s in self._shards.items() if k not in self._evicting),
+                key=lambda s: (s.last_id, shard_name(s.key)),
+            )[:excess]
+            enc = config.encode()
+            try:
+                for shard in oldest:
+                    args: list[str | bytes] = [enc["depth"], enc["budget"]]
+                    for name, value in eviction_fields(shard.key).items():
+                        args += (name, value)
+                    fcall(client, "xadd", [self._keys.meta, self._keys.log], args)
+                    self._evicting.add(shard.key)
+            except redis.exceptions.NoPermissionError:
+                self._can_compact = False  # a read-only user: writers evict
+                self._denied("evicting shards")
+        if self._max_bytes is not None and self._bytes > self._max_bytes:
+            by_age = sorted(self._shards.values(), key=lambda s: (s.last_id, shard_name(s.key)))
+            with self._changed:
+                for shard in by_age[:-1]:  # the newest shard always stays
+                    if self._bytes <= self._max_bytes:
+                        break
+                    del self._shards[shard.key]
+                    self._bytes -= shard.nbytes
+                    self._local_drops.add(shard.key)
+                    self._n["dropped_local"] += 1
+            _log.warning(
+                "agentspec fleet: over the memory budget; dropped shards here",
+                tenant=self.tenant,
+                dropped=len(self._local_drops),
+            )
+
     def _compact(self, client: redis.Redis) -> None:
         self._since_compact_try = 0
         result: CompactionResult | None = None
         if self._can_compact:
             try:
-                result = compact(client, self._keys, list(self._shards.values()), self._position)
+                result = compact(
+                    client,
+                    self._keys,
+                    list(self._shards.values()),
+                    self._position,
+                    dropped=self._dropped,
+                    repair=self._repair,
+                )
+                self._dropped = {}
+                self._repair = False
             except redis.exceptions.NoPermissionError:
                 self._can_compact = False  # a read-only user: writers compact
                 self._denied("compaction")

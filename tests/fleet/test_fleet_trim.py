@@ -149,6 +149,8 @@ def test_snapshots_never_regress_and_trim_never_moves_back(server):
     assert finish(**args, args=["7-0"]) == [b"4-0", 3]  # behind the previous round
     assert finish(**args, args=["6-0"]) == [b"4-0", 0]  # an older round changes nothing
     assert finish(**args, args=["10-0"]) == [b"7-0", 3]
-    assert finish(**args, args=["11-0"]) == [b"9-0", 2]  # held back by snapshot a1 at 9-0
-    assert admin.xrange(KEYS.log, count=1)[0][0] == b"9-0"
+    # A snapshot covering less than the previous round (a1 at 9-0) does not hold the
+    # trim back: a shard with an entry after its snapshot is rewritten by every round.
+    assert finish(**args, args=["11-0"]) == [b"10-0", 3]
+    assert admin.xrange(KEYS.log, count=1)[0][0] == b"10-0"
     admin.close()
