@@ -37,9 +37,16 @@ _MAX_HEX_NAME = 200
 _NAME_RE = re.compile(rf"(?:[0-9a-f]{{2}}){{1,{_MAX_HEX_NAME // 2}}}|h[0-9a-f]{{64}}")
 
 
+#: Unicode categories a name may not hold: controls (Cc), invisible format
+#: characters such as zero-width spaces and bidi overrides (Cf), private use
+#: (Co), and line and paragraph separators (Zl, Zp).
+_REFUSED = frozenset({"Cc", "Cf", "Co", "Zl", "Zp"})
+
+
 def check_component(value: object, label: str, *, optional: bool = False) -> str | None:
-    """Validate one name (a key component or a tag): 1..128 characters, no control
-    character, encodable as UTF-8 (no lone surrogate).
+    """Validate one name (a key component or a tag): 1..128 characters, none of them a
+    control, format, private-use or line/paragraph separator character, encodable as
+    UTF-8 (no lone surrogate).
 
     ``label`` names it in the error (``"shard key stage"``, ``"session"``).
     """
@@ -55,9 +62,10 @@ def check_component(value: object, label: str, *, optional: bool = False) -> str
             f"{label} must have 1..{MAX_COMPONENT} characters", f"got {len(value)}"
         )
     for i, ch in enumerate(value):
-        if unicodedata.category(ch) == "Cc":
+        if unicodedata.category(ch) in _REFUSED:
             raise InvalidArgumentError(
-                f"{label} contains a control character", f"{ord(ch):#x} at index {i}"
+                f"{label} contains a control, format or separator character",
+                f"{ord(ch):#x} at index {i}",
             )
     if not value.isascii():
         try:

@@ -39,6 +39,7 @@ from agentspec._fleet.entry import BadEntryError, FleetEntry, decode_entry
 from agentspec._fleet.names import FleetKeys, shard_name, tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher
 from agentspec._fleet.sub import FleetSubscriber
+from agentspec.exceptions import InvalidArgumentError
 
 pytestmark = requires_redis_server
 
@@ -320,3 +321,87 @@ def test_the_fleet_survives_a_redis_that_lost_everything_while_one_replica_lives
             with subscriber(server.url) as late:
                 assert late.wait_for(pub.last_id, WAIT)
                 assert contents(late) == expected
+
+
+# --- row 3: many shards of one tenant -----------------------------------------------
+
+
+def test_the_shard_cap_evicts_the_oldest_shards_alike_on_every_replica(server, admin):
+    cfg = FleetConfig(max_depth=16, max_shard_tokens=1000, max_shards=5)
+    with (
+        FleetPublisher(server.url, config=cfg) as pub,
+        subscriber(server.url, config=cfg, compact_every=10) as a,
+        subscriber(server.url, config=cfg) as b,
+    ):
+        for i in range(40):  # 40 stages, a free-form tag a hostile tenant controls
+            pub.publish((TENANT, "p", f"stage{i}"), [i, 1, 2], f"r{i}")
+        assert pub.flush(WAIT)
+        for sub in (a, b):
+            assert sub.wait_until(lambda s=sub: len(s.trees()) <= 5, WAIT)
+        pub.publish(KEY, [1, 1, 1], "last")
+        assert pub.flush(WAIT)
+        assert a.wait_for(pub.last_id, WAIT)
+        assert b.wait_for(pub.last_id, WAIT)
+        assert a.stats().evicted_shards >= 35
+        assert contents(a) == contents(b)
+        assert KEY in contents(a)  # the newest shard stays
+        assert a.compact() is not None
+        assert admin.hlen(KEYS.index) <= 5  # the evicted shards' snapshots are gone
+        with subscriber(server.url, config=cfg) as late:
+            assert late.wait_for(pub.last_id, WAIT)
+            assert contents(late) == contents(a)
+
+
+def test_a_compaction_round_writes_only_the_shards_that_changed(server, admin):
+    with (
+        FleetPublisher(server.url, config=CFG) as pub,
+        subscriber(server.url) as sub,
+    ):
+        for i in range(300):
+            pub.publish((TENANT, "p", f"s{i}"), [i % 7, 1, 2], f"r{i}")
+        assert pub.flush(WAIT)
+        assert sub.wait_for(pub.last_id, WAIT)
+        first = sub.compact()
+        assert first is not None
+        assert first.written == 300
+        for i in range(3):
+            pub.publish((TENANT, "p", f"s{i}"), [9, 9, i], f"again{i}")
+        assert pub.flush(WAIT)
+        assert sub.wait_for(pub.last_id, WAIT)
+        second = sub.compact()
+        assert second is not None
+        assert (second.written, second.bumped) == (3, 0)
+        third = sub.compact()
+        assert third is not None
+        assert third.written == 0
+        with subscriber(server.url) as late:
+            assert late.wait_for(pub.last_id, WAIT)
+            assert contents(late) == contents(sub)
+
+
+def test_a_replica_keeps_its_fleet_trees_within_its_memory_budget(server, admin):
+    with (
+        FleetPublisher(server.url, config=CFG) as pub,
+        subscriber(server.url) as full,
+        subscriber(server.url, max_bytes=400_000) as small,
+    ):
+        for i in range(200):
+            pub.publish((TENANT, "p", f"s{i}"), list(range(i % 50, i % 50 + 30)), f"r{i}")
+        assert pub.flush(WAIT)
+        assert full.wait_for(pub.last_id, WAIT)
+        assert small.wait_for(pub.last_id, WAIT)
+        big, little = full.stats(), small.stats()
+        assert big.bytes > 400_000
+        assert little.bytes <= 400_000
+        assert little.dropped_local > 0
+        assert len(small.trees()) < len(full.trees())
+        assert (TENANT, "p", "s199") in small.trees()  # the newest stay
+
+
+def test_stage_names_are_bounded_in_length_and_characters_at_intake(server):
+    with FleetPublisher(server.url, config=CFG) as pub:
+        for bad in ("x" * 129, "a\u200bb", "a\u202eb", "a\u2028b", "\ue000", "a\x00b", ""):
+            with pytest.raises(InvalidArgumentError, match="stage"):
+                pub.publish((TENANT, "p", bad), [1, 2], "r")
+        with pytest.raises(InvalidArgumentError, match="NFC"):
+            pub.publish(("e\u0301", "p", "s"), [1, 2], "r")  # a decomposed tenant name

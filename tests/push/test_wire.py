@@ -58,6 +58,10 @@ def test_absent_parameters():
         "stage=a%00b",  # NUL
         "stage=a%0Ab",  # control character
         "stage=%C2%85",  # C1 control character
+        "stage=a%E2%80%8Bb",  # zero-width space (a format character)
+        "stage=a%E2%80%AEb",  # right-to-left override
+        "stage=a%E2%80%A8b",  # line separator
+        "tenant=e%CC%81",  # a decomposed (not NFC) tenant name
         "tenant",  # no '='
         "a=1&&b",  # malformed
     ],
