@@ -9,6 +9,8 @@ Public names for what ``docs/fleet.md`` describes:
 - `FleetSubscriber`: follows one tenant's snapshots and stream into
   per-shard `agentspec.SuffixTree` objects to draft from; writes a
   heartbeat that `fleet_status` lists.
+- `FleetFollower`: many tenants' subscribers on one connection and one
+  thread (a replica that follows many tenants).
 - `FleetConfig`: a tenant's tree depth and per-shard token budget (stored
   in Redis; the first writer wins).
 - `fleet_status`: what ``agentspec fleet status`` prints, as a dict.
@@ -31,6 +33,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.connection import Redactor, redact_url
+from agentspec._fleet.follow import FleetFollower
 from agentspec._fleet.heartbeat import Heartbeat, read_heartbeats
 from agentspec._fleet.ids import check_identity
 from agentspec._fleet.names import tenant_acl_rules
@@ -41,6 +44,7 @@ from agentspec._fleet.sub import FleetSubscriber
 
 __all__ = [
     "FleetConfig",
+    "FleetFollower",
     "FleetPublisher",
     "FleetShardStats",
     "FleetSubscriber",

@@ -141,6 +141,7 @@ class FleetSubscriber:
         self._evicting: set[ShardKey] = set()  # eviction entries written, not yet read
         self._dropped: dict[str, StreamId] = {}  # evicted since the last round: name -> id
         self._repair = False  # the last load found damage: the next round cleans the index
+        self._kicked = False  # resumed: read before waiting
         self._max_backoff = max_backoff
         self._name = name
         self._heartbeat_s = heartbeat_s
@@ -290,6 +291,7 @@ class FleetSubscriber:
 
     def resume(self) -> None:
         """Read the stream again after `pause`."""
+        self._kicked = True
         self._unpaused.set()
 
     def close(self, timeout: float | None = None) -> None:
@@ -341,19 +343,53 @@ class FleetSubscriber:
         client = open_client(self._url, socket_timeout=self._block_ms / 1000 + 10)
         try:
             client.ping()
-            with self._changed:
-                self._last_error = None  # recovered; a config problem below sets it again
-            self._needs_load |= self._read_config(client)
-            with self._changed:
-                self._sessions += 1
-                self._connected = True
-                self._changed.notify_all()
-            self._tail(client)
+            self._begin(client)
+            idle = False
+            while not self._stop.is_set():
+                if self._held():
+                    self._unpaused.wait()
+                    continue
+                if idle:
+                    # Caught up: wait for an entry after our position.  Only its
+                    # arrival matters (COUNT 1): the bounded read fetches it.
+                    read_from = format_id(self._position)
+                    client.xread({self._keys.log: read_from}, count=1, block=self._block_ms)
+                idle = self._step(client)
         finally:
-            if self._stop.is_set() and self._can_beat:
-                with contextlib.suppress(redis.RedisError):  # leave the list now, not at expiry
-                    remove_heartbeat(client, self._keys, self.id)
+            self._end(client)
             client.close()
+
+    # --- one tenant's steps (also driven by `FleetFollower` for many tenants) --
+
+    def _begin(self, client: redis.Redis) -> None:
+        """A new connection works: clear the last error, read the config, count it."""
+        with self._changed:
+            self._last_error = None  # recovered; a config problem below sets it again
+        self._needs_load |= self._read_config(client)
+        with self._changed:
+            self._sessions += 1
+            self._connected = True
+            self._changed.notify_all()
+
+    def _end(self, client: redis.Redis) -> None:
+        """Closing: leave the heartbeat list now, not at expiry."""
+        if self._stop.is_set() and self._can_beat:
+            with contextlib.suppress(redis.RedisError):
+                remove_heartbeat(client, self._keys, self.id)
+
+    def _held(self) -> bool:
+        """Whether `pause` holds the reader (noting the change for `pause` to see)."""
+        if not self._unpaused.is_set():
+            if not self._paused:
+                self._changed_now(_paused=True)
+            return True
+        if self._paused:
+            self._changed_now(_paused=False)
+        return False
+
+    def _wanted(self) -> bool:
+        """Whether a load or a compaction waits, so the next step must not wait for entries."""
+        return self._needs_load or self._kicked or self._compact_wanted.is_set()
 
     def _read_config(self, client: redis.Redis) -> bool:
         """Read the tenant's config (keeping ours alive if Redis lost it); True: it changed."""
@@ -411,68 +447,63 @@ class FleetSubscriber:
         else:
             self._n["heartbeats"] += 1
 
-    def _tail(self, client: redis.Redis) -> None:
+    def _step(self, client: redis.Redis) -> bool:
+        """Load, compact and beat as due, then read one bounded batch and apply it.
+
+        Returns True when caught up (no entry is left after the batch), so the
+        caller may wait for the next one.
+        """
         keys = self._keys
-        idle = False
-        while not self._stop.is_set():
-            if not self._unpaused.is_set():
-                self._changed_now(_paused=True)
-                self._unpaused.wait()
-                self._changed_now(_paused=False)
-                continue
-            if self._needs_load:
-                self._load(client)
-            if self._compact_wanted.is_set():
-                self._compact(client)
-            self._beat(client)
-            read_from = format_id(self._position)
-            if idle:
-                # Caught up: wait for an entry after our position.  Only its
-                # arrival matters (COUNT 1): the bounded read below fetches it.
-                client.xread({keys.log: read_from}, count=1, block=self._block_ms)
-            force = self._loads_in_a_row >= 3
-            reply = fcall(
-                client,
-                "read",
-                [keys.meta, keys.log, keys.index],
-                [read_from, self._batch, self._max_entry_bytes, self._max_batch_bytes, int(force)],
-            )
-            backed, head, length, entries, nxt, depth, budget, indexed, epoch, cap = reply
-            if self._config_moved(depth, budget, cap) or epoch != self._epoch:
-                self._needs_load = True  # the tenant's config or its re-seed mark changed
-                continue
-            if not backed and not force:
-                # Trimmed past, or lost by a Redis restart (perhaps behind a silent
-                # reconnect): what we hold may differ from what the stream still has.
-                if not int(indexed) and self._holds_sequences():
-                    self._seed(client)  # the tenant's data is gone: give Redis ours
-                self._needs_load = True
-                continue
-            if not backed:
-                with self._changed:
-                    self._n["gaps"] += 1
-                _log.warning(
-                    "agentspec fleet: the stream does not back the snapshots; reading on",
-                    tenant=self.tenant,
-                    position=read_from,
-                )
-            self._loads_in_a_row = 0
-            self._apply(entries)
-            self._keep_within_limits(client)
+        self._kicked = False
+        if self._needs_load:
+            self._load(client)
+        if self._compact_wanted.is_set():
+            self._compact(client)
+        self._beat(client)
+        read_from = format_id(self._position)
+        force = self._loads_in_a_row >= 3
+        reply = fcall(
+            client,
+            "read",
+            [keys.meta, keys.log, keys.index],
+            [read_from, self._batch, self._max_entry_bytes, self._max_batch_bytes, int(force)],
+        )
+        backed, head, length, entries, nxt, depth, budget, indexed, epoch, cap = reply
+        if self._config_moved(depth, budget, cap) or epoch != self._epoch:
+            self._needs_load = True  # the tenant's config or its re-seed mark changed
+            return False
+        if not backed and not force:
+            # Trimmed past, or lost by a Redis restart (perhaps behind a silent
+            # reconnect): what we hold may differ from what the stream still has.
+            if not int(indexed) and self._holds_sequences():
+                self._seed(client)  # the tenant's data is gone: give Redis ours
+            self._needs_load = True
+            return False
+        if not backed:
             with self._changed:
-                self._head = max(parse_id(head), self._position)
-                self._next_ms = None if nxt is None else parse_id(nxt)[0]
-                self._changed.notify_all()
-            idle = nxt is None
-            self._since_compact_try += len(entries)
-            every = self._compact_every
-            if (
-                every
-                and self._can_compact
-                and int(length) >= every
-                and self._since_compact_try >= max(1, every // 4)
-            ):
-                self._compact(client)
+                self._n["gaps"] += 1
+            _log.warning(
+                "agentspec fleet: the stream does not back the snapshots; reading on",
+                tenant=self.tenant,
+                position=read_from,
+            )
+        self._loads_in_a_row = 0
+        self._apply(entries)
+        self._keep_within_limits(client)
+        with self._changed:
+            self._head = max(parse_id(head), self._position)
+            self._next_ms = None if nxt is None else parse_id(nxt)[0]
+            self._changed.notify_all()
+        self._since_compact_try += len(entries)
+        every = self._compact_every
+        if (
+            every
+            and self._can_compact
+            and int(length) >= every
+            and self._since_compact_try >= max(1, every // 4)
+        ):
+            self._compact(client)
+        return nxt is None
 
     def _config_moved(
         self, depth: bytes | None, budget: bytes | None, cap: bytes | None = None

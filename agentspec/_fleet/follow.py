@@ -1,0 +1,215 @@
+"""`FleetFollower`: many tenants' shards on one connection and one thread.
+
+A replica that follows 100 tenants with one `FleetSubscriber` each would
+hold 100 threads and 100 blocking Redis connections.  A follower holds one
+of each: its members are ordinary `FleetSubscriber` objects (same trees,
+stats, waits, pause and compaction) whose own threads never start; the
+follower's thread drives them in turn, each by one bounded read
+(`FleetSubscriber._step`), and when every member is caught up it waits for
+any of their streams with a single ``XREAD BLOCK`` over all of them
+(``COUNT 1`` per stream: only the arrival matters, the member's bounded
+read fetches the entries).  A timeout wakes every member for one read, so
+restarts, config changes and re-seeds are noticed within ``block_ms`` as
+with one subscriber.
+
+All members share the follower's connection, hence its Redis user: follow
+tenants that need different users with different followers.  A Redis
+error that concerns one member (say a damaged key) is recorded on that
+member, which is retried at the next wake-up; a lost connection reconnects
+every member, with backoff.  On Redis Cluster one ``XREAD`` cannot name
+keys of several slots, so there the follower waits ``block_ms / 10``
+between rounds of reads instead of blocking.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from agentspec._core.shardkey import ShardKey, check_key
+from agentspec._core.tree import SuffixTree
+from agentspec._fleet.connection import Redactor, open_client, retry_until_stopped
+from agentspec._fleet.ids import format_id
+from agentspec._fleet.stats import SubscriberStats
+from agentspec._fleet.sub import FleetSubscriber
+from agentspec.exceptions import InvalidArgumentError
+
+__all__ = ["FleetFollower"]
+
+
+class FleetFollower:
+    """Follows several tenants' fleet streams on one connection and one thread.
+
+    Args:
+        url: Redis URL (as `FleetSubscriber`); one user for every tenant.
+        tenants: the tenants to follow (at least one; duplicates ignored).
+        block_ms: longest wait of the shared ``XREAD`` (and of `close`).
+        max_backoff: longest wait between reconnection attempts, seconds.
+        **options: passed to each member `FleetSubscriber` (``config``,
+            ``batch``, ``compact_every``, ``max_bytes``, ``heartbeat_s`` ...).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        tenants: Iterable[str],
+        *,
+        block_ms: int = 1000,
+        max_backoff: float = 2.0,
+        start: bool = True,
+        **options: Any,
+    ) -> None:
+        """Create the members and start the thread."""
+        names = list(dict.fromkeys(tenants))
+        if not names:
+            raise InvalidArgumentError("a FleetFollower needs at least one tenant")
+        if "start" in options:
+            raise InvalidArgumentError("members are driven by the follower; do not pass start")
+        self._url = url
+        self._redactor = Redactor(url)
+        self._block_ms = block_ms
+        self._max_backoff = max_backoff
+        self._members = {
+            t: FleetSubscriber(
+                url, t, block_ms=block_ms, max_backoff=max_backoff, start=False, **options
+            )
+            for t in names
+        }
+        self._stop = threading.Event()
+        self._sessions = 0
+        self._thread = threading.Thread(
+            target=self._run, name="agentspec-fleet-follow", daemon=True
+        )
+        if start:
+            self._thread.start()
+
+    # --- public surface -----------------------------------------------------
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        """The tenants followed."""
+        return tuple(self._members)
+
+    def subscriber(self, tenant: str) -> FleetSubscriber:
+        """The member that follows ``tenant`` (read trees, stats, wait on it).
+
+        Raises:
+            KeyError: the tenant is not followed.
+        """
+        return self._members[tenant]
+
+    def tree(self, key: object) -> SuffixTree | None:
+        """The current tree of a shard key (None: none, or its tenant is not followed)."""
+        k: ShardKey = check_key(key)
+        member = self._members.get(k[0])
+        return None if member is None else member.tree(k)
+
+    def stats(self) -> dict[str, SubscriberStats]:
+        """Each member's stats, by tenant."""
+        return {t: m.stats() for t, m in self._members.items()}
+
+    def start(self) -> None:
+        """Start the thread (once; ``start=False`` at construction)."""
+        self._thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the thread (it finishes its current read); the trees stay readable."""
+        self._stop.set()
+        for member in self._members.values():
+            member._stop.set()
+            member._unpaused.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        for member in self._members.values():
+            member._changed_now(_connected=False)
+
+    def __enter__(self) -> FleetFollower:
+        """Use in a ``with`` block; closed on exit."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the follower."""
+        self.close()
+
+    def __repr__(self) -> str:
+        """Redacted URL and tenant count."""
+        return f"<FleetFollower url={self._redactor.url!r} tenants={len(self._members)}>"
+
+    # --- the thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        retry_until_stopped(self._session, self._stop, self._on_error, maximum=self._max_backoff)
+
+    def _on_error(self, exc: BaseException) -> None:
+        for member in self._members.values():
+            member._on_error(exc)
+
+    def _session(self) -> None:
+        client = open_client(self._url, socket_timeout=self._block_ms / 1000 + 10)
+        try:
+            client.ping()
+            for member in self._members.values():
+                member._begin(client)
+            self._sessions += 1
+            self._drive(client)
+        finally:
+            for member in self._members.values():
+                member._end(client)
+            client.close()
+
+    def _drive(self, client: redis.Redis) -> None:
+        members = self._members
+        awake = set(members)  # members to read from before waiting again
+        cluster = isinstance(client, redis.cluster.RedisCluster)
+        while not self._stop.is_set():
+            for tenant, member in members.items():
+                if member._stop.is_set() or member._held():
+                    awake.discard(tenant)
+                    continue
+                if tenant not in awake and not member._wanted():
+                    continue
+                try:
+                    caught_up = member._step(client)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    raise  # the connection: every member reconnects
+                except redis.RedisError as e:  # this tenant only: retried at the next wake-up
+                    member._on_error(e)
+                    caught_up = True
+                if caught_up:
+                    awake.discard(tenant)
+                else:
+                    awake.add(tenant)
+            if awake or self._stop.is_set():
+                continue
+            awake = self._wait(client, cluster)
+
+    def _wait(self, client: redis.Redis, cluster: bool) -> set[str]:
+        """Wait for an entry on any member's stream; the members to read from next."""
+        waiting = {
+            m._keys.log: (t, format_id(m._position))
+            for t, m in self._members.items()
+            if not m._stop.is_set() and m._unpaused.is_set()
+        }
+        if not waiting or cluster:
+            self._stop.wait(self._block_ms / 1000 / (10 if waiting else 1))
+            return set(self._members)
+        streams: dict[Any, Any] = {log: pos for log, (_, pos) in waiting.items()}
+        reply = client.xread(streams, count=1, block=self._block_ms)
+        if not reply:  # a timeout: every member reads once (restarts, config, re-seeds)
+            return set(self._members)
+        woken: set[str] = set()
+        for item in reply:
+            stream = item[0]
+            name = stream.decode() if isinstance(stream, bytes) else str(stream)
+            if name in waiting:
+                woken.add(waiting[name][0])
+        return woken
