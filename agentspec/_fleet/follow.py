@@ -46,7 +46,7 @@ class FleetFollower:
 
     Args:
         url: Redis URL (as `FleetSubscriber`); one user for every tenant.
-        tenants: the tenants to follow (at least one; duplicates ignored).
+        tenants: the tenants to follow (duplicates ignored; `follow` adds more).
         block_ms: longest wait of the shared ``XREAD`` (and of `close`).
         max_backoff: longest wait between reconnection attempts, seconds.
         **options: passed to each member `FleetSubscriber` (``config``,
@@ -65,20 +65,16 @@ class FleetFollower:
     ) -> None:
         """Create the members and start the thread."""
         names = list(dict.fromkeys(tenants))
-        if not names:
-            raise InvalidArgumentError("a FleetFollower needs at least one tenant")
         if "start" in options:
             raise InvalidArgumentError("members are driven by the follower; do not pass start")
         self._url = url
         self._redactor = Redactor(url)
         self._block_ms = block_ms
         self._max_backoff = max_backoff
-        self._members = {
-            t: FleetSubscriber(
-                url, t, block_ms=block_ms, max_backoff=max_backoff, start=False, **options
-            )
-            for t in names
-        }
+        self._options = {"block_ms": block_ms, "max_backoff": max_backoff, **options}
+        self._lock = threading.Lock()
+        self._members = {t: self._member(t) for t in names}
+        self._fresh: set[str] = set()  # added since the session began: not yet begun
         self._stop = threading.Event()
         self._sessions = 0
         self._thread = threading.Thread(
@@ -101,6 +97,19 @@ class FleetFollower:
             KeyError: the tenant is not followed.
         """
         return self._members[tenant]
+
+    def follow(self, tenant: str) -> FleetSubscriber:
+        """Follow one more tenant (from the next read on); its member, new or not."""
+        with self._lock:
+            member = self._members.get(tenant)
+            if member is None:
+                member = self._member(tenant)
+                self._members = {**self._members, tenant: member}
+                self._fresh.add(tenant)
+        return member
+
+    def _member(self, tenant: str) -> FleetSubscriber:
+        return FleetSubscriber(self._url, tenant, start=False, **self._options)
 
     def tree(self, key: object) -> SuffixTree | None:
         """The current tree of a shard key (None: none, or its tenant is not followed)."""
@@ -157,6 +166,8 @@ class FleetFollower:
         client = open_client(self._url, socket_timeout=self._block_ms / 1000 + 10)
         try:
             client.ping()
+            with self._lock:
+                self._fresh.clear()
             for member in self._members.values():
                 member._begin(client)
             self._sessions += 1
@@ -167,11 +178,16 @@ class FleetFollower:
             client.close()
 
     def _drive(self, client: redis.Redis) -> None:
-        members = self._members
-        awake = set(members)  # members to read from before waiting again
+        awake = set(self._members)  # members to read from before waiting again
         cluster = isinstance(client, redis.cluster.RedisCluster)
         while not self._stop.is_set():
-            for tenant, member in members.items():
+            if self._fresh:
+                with self._lock:
+                    fresh, self._fresh = self._fresh, set()
+                for tenant in fresh:
+                    self._members[tenant]._begin(client)
+                awake |= fresh
+            for tenant, member in self._members.items():
                 if member._stop.is_set() or member._held():
                     awake.discard(tenant)
                     continue

@@ -1,12 +1,12 @@
 """The embedded engine's link to the fleet: subscribed trees to draft from, finished responses out.
 
-`EngineFleet` runs one `FleetSubscriber` per tenant it follows (each loads
-the tenant's snapshots and tails its stream in a background thread) and one
-`FleetPublisher`.  The engine asks `tree` for a request's shard key once
-per draft (never waiting on Redis) and calls `publish` with each finished
-response.  Redis being down never stops the engine: the subscribers keep
-their trees and reconnect, the publisher queues (up to ``max_pending``
-entries, then refuses with a count).  The URL's password never appears in
+`EngineFleet` follows its tenants with one `FleetFollower` (one background
+thread and one connection load every tenant's snapshots and tail their
+streams) and publishes with one `FleetPublisher`.  The engine asks `tree`
+for a request's shard key once per draft (never waiting on Redis) and calls
+`publish` with each finished response.  Redis being down never stops the
+engine: the subscribers keep their trees and reconnect, the publisher
+queues (up to ``max_pending`` entries, then refuses with a count).  The URL's password never appears in
 logs, errors or stats (`redact_url`).
 """
 
@@ -19,6 +19,7 @@ from agentspec._core.shardkey import DEFAULT_TENANT, ShardKey
 from agentspec._core.tree import SuffixTree
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.connection import redact_url
+from agentspec._fleet.follow import FleetFollower
 from agentspec._fleet.pub import FleetPublisher, PublishStatus
 from agentspec._fleet.sub import FleetSubscriber
 from agentspec._util.log import get_logger
@@ -32,7 +33,7 @@ REDIS_URL_ENV = "AGENTSPEC_REDIS_URL"
 
 
 class EngineFleet:
-    """Fleet subscribers (one per tenant) and a publisher for one engine.
+    """Fleet subscribers (one per tenant, on one follower) and a publisher for one engine.
 
     Args:
         url: the Redis URL (its password is never shown).
@@ -58,16 +59,14 @@ class EngineFleet:
         self.url = redact_url(url)
         self.config = config or FleetConfig()
         names = list(dict.fromkeys(tenants)) or [DEFAULT_TENANT]
-        self.subscribers: dict[str, FleetSubscriber] = {}
+        self.follower = FleetFollower(url, names, config=self.config, block_ms=block_ms)
+        self.subscribers: dict[str, FleetSubscriber] = {
+            t: self.follower.subscriber(t) for t in names
+        }
         try:
-            for tenant in names:
-                self.subscribers[tenant] = FleetSubscriber(
-                    url, tenant, config=self.config, block_ms=block_ms
-                )
             self.publisher = FleetPublisher(url, config=self.config, max_pending=max_pending)
         except BaseException:
-            for sub in self.subscribers.values():
-                sub.close()
+            self.follower.close()
             raise
         self._n = dict.fromkeys(("queued", "refused", "invalid"), 0)
 
@@ -137,8 +136,7 @@ class EngineFleet:
         left = self.publisher.close(timeout)
         if left:
             _log.warning("agentspec.engine.fleet_unsent", entries=len(left))
-        for sub in self.subscribers.values():
-            sub.close()
+        self.follower.close()
 
     def __repr__(self) -> str:
         """The redacted URL and the tenants."""

@@ -3,11 +3,11 @@
 With ``redis_url`` set (``AGENTSPEC_VLLM_REDIS_URL``), the proposer makes one
 `WorkerFleet`:
 
-- **Subscribing.** The first request of a tenant starts a
-  `agentspec._fleet.sub.FleetSubscriber` for it (at most ``fleet_max_tenants``
-  per worker; later tenants draft without fleet shards, logged once).  Its
-  background thread loads the tenant's snapshots and tails the tenant's
-  stream; the proposer drafts from the fleet tree of a request's shard key as
+- **Subscribing.** The first request of a tenant adds it to the worker's
+  one `agentspec.fleet.FleetFollower` (at most ``fleet_max_tenants`` per
+  worker; later tenants draft without fleet shards, logged once).  Its one
+  background thread and one connection load each tenant's snapshots and
+  tail every tenant's stream; the proposer drafts from the fleet tree of a request's shard key as
   one more tree beside its own learned and pushed shards.  Looking a tree up
   never waits on Redis (the subscriber double-buffers its trees).
 - **Publishing.** Each finished response is handed to one
@@ -35,6 +35,7 @@ from agentspec._util.log import get_logger
 from agentspec.exceptions import AgentSpecError
 from agentspec.fleet import (
     FleetConfig,
+    FleetFollower,
     FleetPublisher,
     FleetSubscriber,
     PublishStatus,
@@ -48,7 +49,7 @@ _log = get_logger()
 
 
 class WorkerFleet:
-    """One worker's fleet subscribers (per tenant, started lazily) and its publisher.
+    """One worker's fleet subscribers (per tenant, added lazily to one follower) and publisher.
 
     Args:
         url: the Redis URL (its password is never logged).
@@ -57,7 +58,7 @@ class WorkerFleet:
         max_tenants: most tenants subscribed at once.
         publish: publish finished responses (False: subscribe only, e.g.
             with a read-only Redis user; `publish` then returns False).
-        **subscriber_options: passed to each `FleetSubscriber` (e.g. ``block_ms``).
+        **subscriber_options: passed to the `FleetFollower` (e.g. ``block_ms``).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class WorkerFleet:
         self.max_tenants = max_tenants
         self._sub_options = subscriber_options
         self._subs: dict[str, FleetSubscriber] = {}
+        self._follower: FleetFollower | None = None  # started with the first tenant
         self._lock = threading.Lock()
         self._warned_tenants = False
         self.refused_tenants = 0
@@ -107,9 +109,11 @@ class WorkerFleet:
                         )
                     return None
                 try:
-                    sub = FleetSubscriber(
-                        self._url, tenant, config=self._config, **self._sub_options
-                    )
+                    if self._follower is None:
+                        self._follower = FleetFollower(
+                            self._url, [], config=self._config, **self._sub_options
+                        )
+                    sub = self._follower.follow(tenant)
                 except Exception as e:  # e.g. no thread could start: serve without it
                     _log.error("agentspec.vllm.fleet_subscribe_failed", error=repr(e)[:200])
                     return None
@@ -182,8 +186,8 @@ class WorkerFleet:
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the subscribers and the publisher (unsent responses are dropped)."""
-        for sub in list(self._subs.values()):
-            sub.close(timeout)
+        if self._follower is not None:
+            self._follower.close(timeout)
         left = [] if self.publisher is None else self.publisher.close(timeout)
         if left:
             _log.warning("agentspec.vllm.fleet_unsent", responses=len(left))
