@@ -6,8 +6,8 @@ streams) and publishes with one `FleetPublisher`.  The engine asks `tree`
 for a request's shard key once per draft (never waiting on Redis) and calls
 `publish` with each finished response.  Redis being down never stops the
 engine: the subscribers keep their trees and reconnect, the publisher
-queues (up to ``max_pending`` entries, then refuses with a count).  The URL's password never appears in
-logs, errors or stats (`redact_url`).
+queues (up to ``max_pending`` entries, then refuses with a count).  The
+URL's password never appears in logs, errors or stats (`redact_url`).
 """
 
 from __future__ import annotations
