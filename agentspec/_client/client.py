@@ -639,7 +639,8 @@ class AgentSpecClient(_Base):
       ``lead_tokens`` ids, as `agentspec.Speculator` does (0: output only);
     - ``redis``: publish what is learned to the fleet (a Redis URL or
       `FleetOptions`; only for the store the client makes itself -- give a
-      ``store=`` its own ``redis=``; default: ``AGENTSPEC_REDIS_URL``).
+      ``store=`` its own ``redis=``; default: ``AGENTSPEC_REDIS_URL``, else the
+      file named by ``AGENTSPEC_REDIS_URL_FILE``).
 
     Without ``api_key`` (and ``client``) the openai client's key is
     ``$AGENTSPEC_API_KEY``, else ``$OPENAI_API_KEY`` (see `agentspec._util.keys`).

@@ -74,19 +74,24 @@ REDIS_URL_ENV = "AGENTSPEC_REDIS_URL"
 def fleet_options(redis: object) -> FleetOptions | None:
     """The store's ``redis=`` argument as options (None: no fleet).
 
-    None reads ``AGENTSPEC_REDIS_URL`` (unset or empty: no fleet); False
-    means no fleet whatever the environment says.
+    None reads ``AGENTSPEC_REDIS_URL``, else the file named by
+    ``AGENTSPEC_REDIS_URL_FILE`` (both unset or empty: no fleet); False means
+    no fleet whatever the environment says.
 
     Raises:
         InvalidArgumentError: anything else than a URL, `FleetOptions`, None or False,
-            or the ``redis`` package is missing (``pip install agentspec[fleet]``).
+            or the ``redis`` package is missing (``pip install agentspec[fleet]``), or
+            the environment names an unusable URL file.
     """
     if redis is False:
         return None
     if redis is None:
-        redis = os.environ.get(REDIS_URL_ENV) or None
-        if redis is None:
+        from agentspec._util.secrets_source import resolve
+
+        resolved = resolve()  # the URL, or its file; RedisUrlError for a bad one
+        if resolved is None:
             return None
+        redis = resolved.url
     try:
         from agentspec._store.fleet_outbox import FleetOptions
     except ImportError as e:

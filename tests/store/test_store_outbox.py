@@ -167,3 +167,20 @@ def test_redis_argument_and_environment(tmp_path, monkeypatch, down):
     with pytest.raises(InvalidArgumentError):
         FleetOptions(down.url, durable_after=-1)
     assert down.url not in repr(down)
+
+
+def test_the_redis_url_from_a_file_named_by_the_environment(tmp_path, monkeypatch, down):
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    url_file = tmp_path / "redis-url"
+    url_file.write_text(down.url + "\n")
+    url_file.chmod(0o600)
+    monkeypatch.setenv("AGENTSPEC_REDIS_URL_FILE", str(url_file))
+    with ShardStore() as st:
+        assert st.fleet is not None
+        assert st.fleet.options.url == down.url
+    url_file.chmod(0o644)  # other users could read the password: refused
+    with pytest.raises(InvalidArgumentError, match="mode 0644"):
+        ShardStore()
+    monkeypatch.setenv("AGENTSPEC_REDIS_URL_FILE", str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        ShardStore()
