@@ -13,17 +13,19 @@ restarts, config changes and re-seeds are noticed within ``block_ms`` as
 with one subscriber.
 
 All members share the follower's connection, hence its Redis user: follow
-tenants that need different users with different followers.  A Redis
-error that concerns one member (say a damaged key) is recorded on that
-member, which is retried at the next wake-up; a lost connection reconnects
-every member, with backoff.  On Redis Cluster one ``XREAD`` cannot name
-keys of several slots, so there the follower waits ``block_ms / 10``
-between rounds of reads instead of blocking.
+tenants that need different users with different followers.  A lost
+connection reconnects every member, with backoff.  A member whose reads
+fail for its own reasons (say its tenant wrote a hash where its stream
+belongs) is kept out of the reads and the shared wait, with its own
+doubling backoff, so one tenant cannot stop the others.  On Redis Cluster
+one ``XREAD`` cannot name keys of several slots, so there the follower
+waits ``block_ms / 10`` between rounds of reads instead of blocking.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -75,6 +77,7 @@ class FleetFollower:
         self._lock = threading.Lock()
         self._members = {t: self._member(t) for t in names}
         self._fresh: set[str] = set()  # added since the session began: not yet begun
+        self._backoff: dict[str, tuple[float, float]] = {}  # failing: (retry at, delay)
         self._stop = threading.Event()
         self._sessions = 0
         self._thread = threading.Thread(
@@ -187,8 +190,10 @@ class FleetFollower:
                 for tenant in fresh:
                     self._members[tenant]._begin(client)
                 awake |= fresh
+            now = time.monotonic()
+            awake |= {t for t, (at, _) in self._backoff.items() if at <= now}  # try again
             for tenant, member in self._members.items():
-                if member._stop.is_set() or member._held():
+                if member._stop.is_set() or member._held() or self._benched(tenant, now):
                     awake.discard(tenant)
                     continue
                 if tenant not in awake and not member._wanted():
@@ -197,9 +202,11 @@ class FleetFollower:
                     caught_up = member._step(client)
                 except (redis.ConnectionError, redis.TimeoutError):
                     raise  # the connection: every member reconnects
-                except redis.RedisError as e:  # this tenant only: retried at the next wake-up
-                    member._on_error(e)
+                except redis.RedisError as e:  # this tenant only: it waits, the others go on
+                    self._bench(tenant, e)
                     caught_up = True
+                else:
+                    self._backoff.pop(tenant, None)
                 if caught_up:
                     awake.discard(tenant)
                 else:
@@ -208,18 +215,45 @@ class FleetFollower:
                 continue
             awake = self._wait(client, cluster)
 
+    def _benched(self, tenant: str, now: float) -> bool:
+        entry = self._backoff.get(tenant)
+        return entry is not None and now < entry[0]
+
+    def _bench(self, tenant: str, exc: BaseException) -> None:
+        """Keep a failing member out of reads and waits for a while (doubling, capped)."""
+        self._members[tenant]._on_error(exc)
+        _, last = self._backoff.get(tenant, (0.0, 0.0))
+        delay = min(self._max_backoff, max(0.05, 2 * last))
+        self._backoff[tenant] = (time.monotonic() + delay, delay)
+
     def _wait(self, client: redis.Redis, cluster: bool) -> set[str]:
         """Wait for an entry on any member's stream; the members to read from next."""
+        now = time.monotonic()
         waiting = {
             m._keys.log: (t, format_id(m._position))
             for t, m in self._members.items()
-            if not m._stop.is_set() and m._unpaused.is_set()
+            if not m._stop.is_set() and m._unpaused.is_set() and not self._benched(t, now)
         }
+        block_s = self._block_ms / 1000
+        if self._backoff:  # wake up when the first benched member may try again
+            block_s = min(block_s, max(0.001, min(t for t, _ in self._backoff.values()) - now))
         if not waiting or cluster:
-            self._stop.wait(self._block_ms / 1000 / (10 if waiting else 1))
+            self._stop.wait(block_s / (10 if waiting and cluster else 1))
             return set(self._members)
         streams: dict[Any, Any] = {log: pos for log, (_, pos) in waiting.items()}
-        reply = client.xread(streams, count=1, block=self._block_ms)
+        try:
+            reply = client.xread(streams, count=1, block=max(1, int(block_s * 1000)))
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except redis.ResponseError:
+            # One stream is not a stream (a tenant wrote another type under its key):
+            # find it and bench it, so it cannot stop the other tenants' waits.
+            for log, (tenant, _) in waiting.items():
+                try:
+                    client.xlen(log)
+                except redis.ResponseError as e:
+                    self._bench(tenant, e)
+            return set(self._members)
         if not reply:  # a timeout: every member reads once (restarts, config, re-seeds)
             return set(self._members)
         woken: set[str] = set()

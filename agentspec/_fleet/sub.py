@@ -655,6 +655,10 @@ class FleetSubscriber:
             except redis.exceptions.NoPermissionError:
                 self._can_compact = False  # a read-only user: writers evict
                 self._denied("evicting shards")
+            except redis.ResponseError as e:  # e.g. the config moved: the next read reloads
+                _log.warning(
+                    "agentspec fleet: eviction entry refused", error=self._redactor.error(e)
+                )
         if self._max_bytes is not None and self._bytes > self._max_bytes:
             by_age = sorted(self._shards.values(), key=lambda s: (s.last_id, shard_name(s.key)))
             with self._changed:

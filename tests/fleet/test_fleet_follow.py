@@ -104,3 +104,32 @@ def test_members_pause_resume_compact_and_reconnect_after_a_restart():
         assert a.wait_until(lambda: a.stats().connected, WAIT)
         assert b.stats().reconnects >= 1
         assert len(b.tree(("b", "p", "s"))) == 2
+
+
+def test_one_tenant_with_a_broken_stream_key_does_not_stop_the_others():
+    with (
+        RedisServer() as server,
+        FleetPublisher(server.url, config=CFG) as pub,
+    ):
+        admin = server.client()
+        from agentspec._fleet.names import FleetKeys
+
+        admin.hset(FleetKeys.of("bad").log, "not", "a stream")  # a tenant's own key, misused
+        with FleetFollower(
+            server.url, ["a", "bad", "c"], config=CFG, block_ms=200, max_backoff=0.5
+        ) as f:
+            for i in range(20):
+                pub.publish(("a", "p", "s"), [i, 1], f"a{i}")
+                pub.publish(("c", "p", "s"), [i, 2], f"c{i}")
+            assert pub.flush(WAIT)
+            for tenant in ("a", "c"):
+                sub = f.subscriber(tenant)
+                assert sub.wait_until(lambda s=sub: s.stats().applied == 20, WAIT)
+            bad = f.subscriber("bad")
+            assert bad.wait_until(lambda: "WRONGTYPE" in (bad.stats().last_error or ""), WAIT)
+            admin.delete(FleetKeys.of("bad").log)  # repaired: it recovers
+            pub.publish(("bad", "p", "s"), [5, 5], "b1")
+            assert pub.flush(WAIT)
+            assert bad.wait_for(pub.last_id, WAIT)
+            assert f.subscriber("a").stats().reconnects == 0
+        admin.close()
