@@ -58,7 +58,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     }
     try:
         client = open_client(url)
-    except (redis.RedisError, ValueError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as exc:
         raise AgentSpecError(f"cannot open {redactor.url}: {redactor.error(exc)}") from None
     try:
         for tenant in tenants:
