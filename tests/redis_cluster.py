@@ -6,11 +6,12 @@ on 127.0.0.1 with a port the OS picked, in its own temporary directory
 failover takes about a second), then runs ``redis-cli --cluster create ...
 --cluster-replicas R --cluster-yes`` and waits, polling ``CLUSTER INFO``
 against a deadline, until every node reports ``cluster_state:ok`` and every
-replica its master link up.  `kill` SIGKILLs one node; `wait_promoted`
-waits (the same polling, with a deadline) until a replica of a killed
-master serves its slots as a master and every live node agrees the cluster
-is ok.  `url` gives the ``redis+cluster://`` URL of the live nodes (with
-credentials when asked).
+replica its master link up, and every node's ``CLUSTER SLOTS`` names every
+live node (gossip settled, so a client sees every replica).  `kill`
+SIGKILLs one node; `wait_promoted` waits (the same polling, with a
+deadline) until a replica of a killed master serves its slots as a
+master and every live node agrees the cluster is ok.  `url` gives the
+``redis+cluster://`` URL of the live nodes (with credentials when asked).
 
 Nothing here sleeps blindly: every wait is a condition polled until it
 holds or the deadline passes, which fails the test with the nodes' state.
@@ -171,9 +172,23 @@ class RedisCluster:
             lines.append(f"node {n.port}: {state} {role.get('role', '')} link={link}")
         return "\n".join(lines)
 
+    def _listed(self, node: ClusterNode) -> int:
+        """How many nodes ``CLUSTER SLOTS`` of ``node`` names (masters and replicas)."""
+        try:
+            with node.client() as c:
+                slots = c.execute_command("CLUSTER SLOTS")
+        except redis.RedisError:
+            return 0
+        # [[first slot, last slot, [host, port, id, ...] of the master, of each replica...]]
+        return len({int(node[1]) for _lo, _hi, *nodes in slots for node in nodes})
+
     def _healthy(self) -> bool:
-        for n in self.live():
+        live = self.live()
+        for n in live:
             if self.info(n).get("cluster_state") != "ok":
+                return False
+            # Gossip settled: this node knows every live master and replica.
+            if self._listed(n) != len(live):
                 return False
             role = self.role(n)
             if role.get("role") == "slave" and role.get("master_link_status") != "up":

@@ -92,7 +92,8 @@ def test_cluster_acl_rules_add_only_the_topology_commands():
     assert sorted(set(cl) - set(plain)) == ["+asking", "+cluster|slots"]
     assert set(plain) <= set(cl)
     ro = tenant_acl_rules("alice", read_only=True, cluster=True)
-    assert "+cluster|slots" in ro and "+fcall|agentspec_v1_xadd" not in ro
+    assert "+cluster|slots" in ro
+    assert "+fcall|agentspec_v1_xadd" not in ro
 
 
 def test_cluster_redirection_errors_are_transient():
@@ -194,7 +195,8 @@ def test_tenants_publish_subscribe_compact_and_trim_on_their_own_masters(cluster
         status = json.loads(out.out)
         assert PASSWORD not in out.out + out.err
         t1 = status["tenants"][TENANTS[1]]
-        assert t1["exists"] and t1["shards"][0]["sequences"] == n
+        assert t1["exists"]
+        assert t1["shards"][0]["sequences"] == n
         assert t1["stream"]["trimmed"]
         assert len(t1["subscribers"]) == 2  # the writer and the read-only replica beat
     finally:
@@ -219,10 +221,12 @@ def test_a_store_outbox_publishes_to_the_cluster(cluster, tmp_path):
             store.learn(key, [i, i + 2, 9], identity=f"q-{i}")
         assert store.fleet.flush(WAIT), store.fleet.stats()
         assert store.fleet.stats().pending == 0
-        assert sub.wait_until(lambda: (sub.stats().shards.get(key) or _no()).sequences == 50, WAIT)
+        assert sub.wait_until(
+            lambda: (sub.stats().shards.get(key) or _NoShard()).sequences == 50, WAIT
+        )
 
 
-class _no:  # an absent shard, as the predicates above read it
+class _NoShard:  # an absent shard, as the predicate above reads it
     sequences = 0
 
 
@@ -286,12 +290,14 @@ def test_master_sigkilled_mid_run_replica_promoted_and_nothing_is_lost(tmp_path)
             worker = threading.Thread(target=learn)
             worker.start()
             try:
-                assert sub.wait_until(lambda: sequences(sub) >= 200, WAIT), sub.stats()
+                assert sub.wait_until(lambda: sequences(sub) >= 200, WAIT), sub.stats().last_error
                 c.kill(master)  # SIGKILL mid-run
                 promoted = c.wait_promoted(master, log)
                 at_switch = learned
                 # Both sides follow the promoted replica: new sequences arrive.
-                assert sub.wait_until(lambda: sequences(sub) >= at_switch + 200, WAIT), sub.stats()
+                assert sub.wait_until(lambda: sequences(sub) >= at_switch + 200, WAIT), (
+                    sub.stats().last_error
+                )
             finally:
                 stop.set()
                 worker.join()
@@ -299,7 +305,7 @@ def test_master_sigkilled_mid_run_replica_promoted_and_nothing_is_lost(tmp_path)
             st = store.fleet.stats()
             assert (st.pending, st.rejected) == (0, 0)
             assert st.publisher.failures >= 1  # it did see the master go
-            assert sub.wait_until(lambda: sequences(sub) >= learned, WAIT), sub.stats()
+            assert sub.wait_until(lambda: sequences(sub) >= learned, WAIT), sub.stats().last_error
             tree = sub.tree(KEY)
             assert tree is not None
             ids = tree.sequence_ids()
