@@ -239,16 +239,24 @@ agentspec.<T> and a read-only replica named agentspec-ro.<T>, as
 ACL SETUSER lines with the password as PASSWORD.  With --apply and
 --password-file F (lines "USER PASSWORD"), it creates those users.
 Run it with an admin URL; again after a Redis restart that lost the
-library (no persistence).  The password never appears in the output."""
+library (no persistence).  With a redis+cluster:// URL it loads the
+library on every primary, and --apply creates the users on every node
+(primaries and replicas; their rules add CLUSTER SLOTS and ASKING).
+The password never appears in the output."""
 
 
-def _users(tenants: list[str]) -> list[tuple[str, list[str]]]:
+def _users(tenants: list[str], cluster: bool) -> list[tuple[str, list[str]]]:
     from agentspec._fleet.names import encode_tenant, tenant_acl_rules
 
     out = []
     for t in tenants:
-        out.append((f"agentspec.{encode_tenant(t)}", tenant_acl_rules(t)))
-        out.append((f"agentspec-ro.{encode_tenant(t)}", tenant_acl_rules(t, read_only=True)))
+        out.append((f"agentspec.{encode_tenant(t)}", tenant_acl_rules(t, cluster=cluster)))
+        out.append(
+            (
+                f"agentspec-ro.{encode_tenant(t)}",
+                tenant_acl_rules(t, read_only=True, cluster=cluster),
+            )
+        )
     return out
 
 
@@ -274,7 +282,7 @@ def run_setup(args: argparse.Namespace) -> int:
     """``agentspec fleet setup``."""
     import redis
 
-    from agentspec._fleet.connection import Redactor, open_client
+    from agentspec._fleet.connection import CLUSTER_SCHEME, Redactor, open_client
     from agentspec._fleet.functions import load_library
     from agentspec._fleet.scripts import LIBRARY_NAME
     from agentspec.exceptions import AgentSpecError
@@ -286,7 +294,8 @@ def run_setup(args: argparse.Namespace) -> int:
             f"${REDIS_URL_FILE_ENV})"
         )
     url = resolved.url
-    users = _users(list(dict.fromkeys(args.tenant or [])))
+    cluster = url.lower().startswith(CLUSTER_SCHEME + ":")
+    users = _users(list(dict.fromkeys(args.tenant or [])), cluster)
     passwords: dict[str, str] = {}
     if args.apply:
         if not args.password_file:
@@ -302,13 +311,16 @@ def run_setup(args: argparse.Namespace) -> int:
         client = open_client(url)
         try:
             load_library(client)
+            # In a cluster, ACLs are per node: every primary and replica (a replica
+            # may be promoted); redis-py would send ACL SETUSER to one node only.
+            nodes = {"target_nodes": redis.RedisCluster.ALL_NODES} if cluster else {}
             for user, rules in users if args.apply else []:
                 cast("Any", client).execute_command(
-                    "ACL", "SETUSER", user, "reset", "on", f">{passwords[user]}", *rules
+                    "ACL", "SETUSER", user, "reset", "on", f">{passwords[user]}", *rules, **nodes
                 )
         finally:
             client.close()
-    except (redis.RedisError, ValueError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as exc:
         raise AgentSpecError(f"setup on {redactor.url} failed: {redactor.error(exc)}") from None
     print(f"loaded function library {LIBRARY_NAME} on {redactor.url}")
     for user, rules in users:

@@ -15,6 +15,16 @@ master on every new connection (redis-py's ``SentinelConnectionPool``), and
 a master that was demoted under it answers READONLY, which redis-py turns
 into a connection error, so the next attempt finds the new master.
 
+It also takes a Cluster URL,
+``redis+cluster://[user:pw@]host:port[,host:port...]`` (`parse_cluster_url`):
+the client is a `FleetCluster` (a ``redis.cluster.RedisCluster``) that
+discovers the nodes with ``CLUSTER SLOTS`` and sends each command to the
+master of its key's slot.  It retries nothing either, except following the
+cluster's own redirections (``MOVED``/``ASK``, and ``TRYAGAIN`` a few times,
+within redis-py's request TTL); a dead node, ``CLUSTERDOWN`` or an exhausted
+TTL after a failover end in the thread's own backoff, and the next attempt
+finds the promoted replica (redis-py refreshes its slot map on the error).
+
 `is_transient` decides which errors are worth retrying (a replica, a
 failover in progress, a loading server ...) and which refuse an entry for
 good.
@@ -28,15 +38,18 @@ removes them from any error text before that text is logged, kept as
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
+import redis.cluster
 import redis.sentinel
+from redis._parsers import CommandsParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tenacity import (
@@ -51,12 +64,18 @@ from tenacity import (
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [
+    "CLUSTER_SCHEME",
     "SENTINEL_SCHEME",
     "TRANSIENT_CODES",
+    "ClusterUrl",
+    "FleetCluster",
     "Redactor",
     "SentinelUrl",
+    "hash_reply",
+    "is_cluster",
     "is_transient",
     "open_client",
+    "parse_cluster_url",
     "parse_sentinel_url",
     "redact_url",
     "retry_until_stopped",
@@ -69,6 +88,9 @@ _SECRET_PARAMS = frozenset({"password", "sentinel_password"})
 #: The URL scheme of a Redis Sentinel deployment.
 SENTINEL_SCHEME = "redis+sentinel"
 _SENTINEL_PORT = 26379
+#: The URL scheme of a Redis Cluster (any of its nodes, each ``host:port``).
+CLUSTER_SCHEME = "redis+cluster"
+_REDIS_PORT = 6379
 
 #: Error replies that refuse a write for now, not for good (see `is_transient`).
 TRANSIENT_CODES = (
@@ -93,6 +115,11 @@ _TRANSIENT_CLASSES: tuple[type[BaseException], ...] = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.TryAgainError,
     redis.exceptions.ClusterDownError,  # also MasterDownError
+    # Cluster: "TTL exhausted" after many redirections, a redirection that
+    # reaches us (the slot map is refreshed by then), no node of the slot known.
+    redis.exceptions.ClusterError,
+    redis.exceptions.AskError,  # also MovedError
+    redis.exceptions.SlotNotCoveredError,
 )
 
 
@@ -109,7 +136,9 @@ def is_transient(exc: BaseException) -> bool:
     - ``LOADING``: the server is loading its data set;
     - ``BUSY``: a script or function is running too long;
     - ``MASTERDOWN``: a replica lost its master (``replica-serve-stale-data no``);
-    - ``TRYAGAIN``, ``CLUSTERDOWN``: a Cluster resharding or down;
+    - ``TRYAGAIN``, ``CLUSTERDOWN``: a Cluster resharding or down (and
+      redis-py's cluster errors: a redirection that outlived its TTL, a
+      slot no known node serves);
     - ``OOM``: over ``maxmemory`` (a compaction may trim);
     - ``MISCONF``: writes stopped after a failed RDB save;
     - ``NOMASTERLINK``: a replica not yet linked to its master.
@@ -214,17 +243,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         raise InvalidArgumentError(f"not a {SENTINEL_SCHEME}:// url", shown)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     user, sep, pw = userinfo.partition(":")
-    sentinels: list[tuple[str, int]] = []
-    for item in hosts.split(","):
-        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?", item)
-        if m is None:
-            raise InvalidArgumentError("bad sentinel address in the url", shown)
-        host = m.group(1) or m.group(3)
-        digits = m.group(2) or m.group(4)
-        port = int(digits) if digits else _SENTINEL_PORT
-        if not 0 < port < 65536:
-            raise InvalidArgumentError("bad sentinel port in the url", shown)
-        sentinels.append((host, port))
+    sentinels = _hosts(hosts, _SENTINEL_PORT, "sentinel", shown)
     path = [urllib.parse.unquote(p) for p in parts.path.split("/")[1:]]
     if not path or not path[0] or len(path) > 2:
         raise InvalidArgumentError("the sentinel url needs /SERVICE[/DB]", shown)
@@ -249,22 +268,211 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     )
 
 
+def _hosts(text: str, default_port: int, what: str, shown: str) -> list[tuple[str, int]]:
+    """``host[:port][,host[:port]...]`` (IPv6 hosts in brackets)."""
+    out: list[tuple[str, int]] = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?", item)
+        if m is None:
+            raise InvalidArgumentError(f"bad {what} address in the url", shown)
+        host = m.group(1) or m.group(3)
+        digits = m.group(2) or m.group(4)
+        port = int(digits) if digits else default_port
+        if not 0 < port < 65536:
+            raise InvalidArgumentError(f"bad {what} port in the url", shown)
+        out.append((host, port))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterUrl:
+    """The parts of a ``redis+cluster://`` URL (see `parse_cluster_url`)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+
+
+def parse_cluster_url(url: str) -> ClusterUrl:
+    """Parse ``redis+cluster://[user:pw@]host[:port][,host[:port]...]``.
+
+    The hosts are startup nodes: any reachable one is enough to discover the
+    cluster (masters and replicas alike).  A port defaults to 6379; IPv6
+    hosts go in brackets.  ``user:pw`` authenticate with every node (ACL
+    users are per node: create them on each, see `tenant_acl_rules`).  No
+    path other than ``/`` or ``/0`` (a cluster has one database) and no query
+    parameters.
+
+    Raises:
+        InvalidArgumentError: not such a URL, or a part of it is malformed
+            (the message never holds the password).
+    """
+    shown = redact_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        raise InvalidArgumentError("unparsable redis cluster url", shown) from None
+    if parts.scheme.lower() != CLUSTER_SCHEME:
+        raise InvalidArgumentError(f"not a {CLUSTER_SCHEME}:// url", shown)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, sep, pw = userinfo.partition(":")
+    nodes = _hosts(hosts, _REDIS_PORT, "cluster node", shown)
+    if parts.path not in ("", "/", "/0"):
+        raise InvalidArgumentError("a cluster url has no path but /0 (one database)", shown)
+    if parts.query or parts.fragment:
+        raise InvalidArgumentError("a cluster url takes no parameters", shown)
+    return ClusterUrl(
+        tuple(nodes),
+        urllib.parse.unquote(user) if at and user else None,
+        urllib.parse.unquote(pw) if at and sep else None,
+    )
+
+
+def _first_key(args: tuple[Any, ...]) -> list[Any]:
+    return [args[1]]
+
+
+#: Where the keys are in the commands the fleet sends, so that routing them
+#: needs neither ``COMMAND`` nor ``COMMAND GETKEYS`` (a tenant's user may run
+#: neither, and each would cost a round trip): command -> its keys.
+_SIMPLE_KEYED = (
+    "HGET", "HMGET", "HGETALL", "HVALS", "HLEN", "HSTRLEN", "HEXISTS", "HSCAN",
+    "XRANGE", "XREVRANGE", "XLEN", "ZRANGEBYSCORE", "ZSCORE", "ZCARD", "TYPE",
+    "HSET", "HSETNX", "HDEL", "XADD", "XTRIM", "ZADD", "ZREM", "PEXPIRE",
+)  # fmt: skip
+_FLEET_KEYS: dict[str, Callable[[tuple[Any, ...]], list[Any]]] = {
+    **dict.fromkeys(_SIMPLE_KEYED, _first_key),
+    "EXISTS": lambda a: list(a[1:]),
+    "FCALL": lambda a: list(a[3 : 3 + int(a[2])]),
+    "FCALL_RO": lambda a: list(a[3 : 3 + int(a[2])]),
+    "XINFO STREAM": lambda a: [a[1]],
+}
+
+
+def _xread_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The streams of ``XREAD [COUNT n] [BLOCK ms] STREAMS k... id...``."""
+    words = [a.upper() if isinstance(a, str) else a for a in args]
+    for marker in ("STREAMS", b"STREAMS"):
+        if marker in words:
+            rest = args[words.index(marker) + 1 :]
+            return list(rest[: len(rest) // 2])
+    return None
+
+
+class _FleetCommandsParser(CommandsParser):
+    """redis-py's key finder, told the fleet's commands; asks ``COMMAND`` only for others."""
+
+    def __init__(self, client: Any) -> None:
+        self.commands: dict[str, Any] = {}  # filled on the first other command
+        self.redis_connection = client
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        name = str(args[0]).upper()
+        if name == "XREAD":
+            keys = _xread_keys(args)
+            if keys:
+                return keys
+        elif name in _FLEET_KEYS:
+            try:
+                return _FLEET_KEYS[name](args)
+            except (IndexError, ValueError):
+                pass  # malformed: let redis-py (and Redis) say what is wrong
+        if not self.commands:
+            self.initialize(redis_conn)  # type: ignore[no-untyped-call]
+        return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
+
+
+class FleetCluster(redis.cluster.RedisCluster):
+    """A ``RedisCluster`` for the fleet's threads (see `open_client`).
+
+    - It routes the fleet's commands by their keys without asking the server
+      (`_FleetCommandsParser`): redis-py's own parser starts with ``COMMAND``,
+      which a tenant's user may not run.
+    - ``connections_made`` counts the connections it opened to any node
+      (redis-py's connect hook): the publisher's durability window verifies
+      its whole window when it moved, since a new connection may reach a
+      restarted node or a promoted replica that lacks acknowledged entries
+      (``CLIENT GETNAME`` / ``SETNAME`` cannot tell here: redis-py sends them
+      to one node, not to each).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As ``RedisCluster``; ``redis_connect_func`` is taken by the connection count."""
+        self.connections_made = 0
+        self.serial = next(_SERIALS)  #: tells this client's count from another's
+        self._parser_ready = False
+        kwargs["redis_connect_func"] = self._connected
+        super().__init__(*args, **kwargs)
+        self.commands_parser = _FleetCommandsParser(self)
+        self._parser_ready = True
+
+    def _connected(self, connection: Any) -> None:
+        self.connections_made += 1  # one thread per client: no lock needed
+
+    def command(self, **kwargs: Any) -> Any:
+        """``COMMAND``; while redis-py builds its own parser (replaced at once), nothing."""
+        if not self._parser_ready:
+            return {}
+        return super().command(**kwargs)
+
+
+_SERIALS = itertools.count(1)
+
+
+def hash_reply(reply: Any) -> dict[Any, Any]:
+    """A hash read (``HGETALL``) as a dict, also from a cluster transaction.
+
+    redis-py's cluster pipeline with ``transaction=True`` returns raw
+    replies (a flat field, value list), not the parsed dict.
+    """
+    if isinstance(reply, dict):
+        return reply
+    items = list(reply)
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` (from `open_client`) talks to a Redis Cluster."""
+    return isinstance(client, redis.cluster.RedisCluster)
+
+
 def open_client(url: str, *, socket_timeout: float = 10.0) -> redis.Redis:
     """A client for ``url`` that never retries by itself.
 
-    ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://`` (the
-    master of a Sentinel service, see `parse_sentinel_url`).
+    ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` (the
+    master of a Sentinel service, see `parse_sentinel_url`) or
+    ``redis+cluster://`` (a `FleetCluster`, see `parse_cluster_url`; typed as
+    ``redis.Redis``, whose commands the fleet sends it; `is_cluster` tells).
 
     Raises:
-        InvalidArgumentError: a malformed sentinel URL.
+        InvalidArgumentError: a malformed sentinel or cluster URL.
         ValueError: another malformed URL (redis-py's message).
+        redis.RedisError, redis.exceptions.RedisClusterException: no cluster
+            node could be reached (a cluster client connects at once).
     """
     timeouts: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": min(socket_timeout, 5.0),
         "retry": Retry(NoBackoff(), 0),
     }
-    if urllib.parse.urlsplit(url).scheme.lower() != SENTINEL_SCHEME:
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme == CLUSTER_SCHEME:
+        cu = parse_cluster_url(url)
+        cluster = FleetCluster(
+            startup_nodes=[
+                redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                for h, p in cu.nodes
+            ],
+            username=cu.username,
+            password=cu.password,
+            decode_responses=False,
+            protocol=2,
+            # The cluster-level retry: none beyond redirections (MOVED/ASK/TRYAGAIN
+            # within redis-py's TTL); the node connections get none either.
+            **timeouts,
+        )
+        return cast("redis.Redis", cluster)
+    if scheme != SENTINEL_SCHEME:
         return redis.Redis.from_url(url, decode_responses=False, protocol=2, **timeouts)
     su = parse_sentinel_url(url)
     sentinel_kwargs: dict[str, Any] = dict(timeouts, protocol=2)

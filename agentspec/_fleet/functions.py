@@ -8,14 +8,22 @@ call is retried once; a tenant user may not, and gets `LibraryMissingError`,
 which names ``agentspec fleet setup``.  In a pipeline the reply is the
 error; `is_missing` tells it apart so the caller can `load_library` and
 send again.
+
+In a Redis Cluster a function library lives on each node: `load_library`
+loads it on every primary (``FUNCTION LOAD`` is replicated, so each replica
+gets it from its primary and still has it once promoted).  A primary added
+later needs ``agentspec fleet setup`` again (or an admin client's first
+``Function not found`` there loads it on every primary).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
+import redis.cluster
 
+from agentspec._fleet.connection import is_cluster
 from agentspec._fleet.scripts import LIBRARY, LIBRARY_NAME, READ_FUNCTIONS
 
 __all__ = ["LibraryMissingError", "fcall", "function_name", "is_missing", "load_library"]
@@ -46,7 +54,13 @@ def load_library(client: redis.Redis) -> None:
         LibraryMissingError: this user may not load functions.
     """
     try:
-        client.function_load(LIBRARY, replace=True)
+        if is_cluster(client):
+            # Every primary: redis-py's default for FUNCTION LOAD, said explicitly.
+            cast("Any", client).execute_command(
+                "FUNCTION LOAD", "REPLACE", LIBRARY, target_nodes=redis.RedisCluster.PRIMARIES
+            )
+        else:
+            client.function_load(LIBRARY, replace=True)
     except redis.exceptions.NoPermissionError:
         raise LibraryMissingError(
             f"the Redis function library {LIBRARY_NAME} is not loaded and this user may not "
@@ -71,7 +85,7 @@ def fcall(
         LibraryMissingError: it is not loaded and this user may not load it.
         redis.RedisError: whatever else Redis answers.
     """
-    if isinstance(client, redis.client.Pipeline):
+    if isinstance(client, (redis.client.Pipeline, redis.cluster.ClusterPipeline)):
         return _send(client, name, keys, args)
     try:
         return _send(client, name, keys, args)

@@ -28,6 +28,7 @@ from typing import cast
 import redis
 
 from agentspec._core.shardkey import ShardKey
+from agentspec._fleet.connection import hash_reply
 from agentspec._fleet.entry import parse_key_json
 from agentspec._fleet.ids import ZERO, StreamId, parse_id
 from agentspec._fleet.names import FleetKeys, shard_name
@@ -61,6 +62,7 @@ def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedSt
     pipe.hgetall(keys.index)
     try:
         (round_raw, state.epoch), index = pipe.execute()
+        index = hash_reply(index)  # a cluster transaction answers a flat list
     except redis.ResponseError as e:  # WRONGTYPE: damaged metadata, start from the stream
         state.bad_snapshots += 1
         _log.warning("agentspec fleet: unreadable snapshot index", error=str(e)[:200])

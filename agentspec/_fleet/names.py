@@ -70,7 +70,13 @@ def tenant_acl_pattern(tenant: str) -> str:
 _BASE_COMMANDS = ("ping", "select", "multi", "exec", "discard", "xread")
 
 
-def tenant_acl_rules(tenant: str, *, read_only: bool = False) -> list[str]:
+#: What a Redis Cluster client sends besides: ``CLUSTER SLOTS`` (which node
+#: serves which slot, on connecting and after a redirection or failover) and
+#: ``ASKING`` (following an ``ASK`` redirection while a slot migrates).
+_CLUSTER_COMMANDS = ("cluster|slots", "asking")
+
+
+def tenant_acl_rules(tenant: str, *, read_only: bool = False, cluster: bool = False) -> list[str]:
     """``ACL SETUSER`` rules for a user of ``tenant`` (after ``on``, ``>password``).
 
     Least privilege: ``-@all``, then exactly the commands the fleet sends,
@@ -86,6 +92,10 @@ def tenant_acl_rules(tenant: str, *, read_only: bool = False) -> list[str]:
     Read-only (a replica that only subscribes): reads of the tenant's keys,
     the read-only functions, and the ``beat`` function, writing only its
     two heartbeat keys; it never compacts, publishes or writes the config.
+
+    ``cluster``: for a Redis Cluster, also ``CLUSTER SLOTS`` and ``ASKING``
+    (the client's topology discovery and redirections; they touch no key).
+    Create the user on every node, masters and replicas: ACLs are per node.
     """
     from agentspec._fleet.scripts import (
         LIBRARY_NAME,
@@ -108,7 +118,8 @@ def tenant_acl_rules(tenant: str, *, read_only: bool = False) -> list[str]:
         key_rules = [f"~{keys.prefix}*"]
         writes = fn("fcall", WRITE_FUNCTIONS)
         client = ["+client|getname", "+client|setname"]
-    commands = [f"+{c}" for c in (*_BASE_COMMANDS, *READ_COMMANDS, *WRITE_COMMANDS)]
+    base = (*_BASE_COMMANDS, *_CLUSTER_COMMANDS) if cluster else _BASE_COMMANDS
+    commands = [f"+{c}" for c in (*base, *READ_COMMANDS, *WRITE_COMMANDS)]
     return ["resetkeys", *key_rules, "resetchannels", "-@all", *commands, *client, *reads, *writes]
 
 

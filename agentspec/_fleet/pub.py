@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from enum import Enum
 from time import monotonic
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -57,10 +58,12 @@ from agentspec._core.tokens import TokenArray, as_int32_buffer
 from agentspec._core.tree import SuffixTree
 from agentspec._fleet.config import FleetConfig, tenant_config
 from agentspec._fleet.connection import (
+    CLUSTER_SCHEME,
     SENTINEL_SCHEME,
     Redactor,
     is_transient,
     open_client,
+    parse_cluster_url,
     parse_sentinel_url,
     retry_until_stopped,
 )
@@ -138,6 +141,8 @@ class FleetPublisher:
             raise InvalidArgumentError("durable_after must be >= 0 seconds", f"{durable_after}")
         if isinstance(url, str) and url.lower().startswith(SENTINEL_SCHEME + ":"):
             parse_sentinel_url(url)  # a malformed one fails here, not forever in the thread
+        if isinstance(url, str) and url.lower().startswith(CLUSTER_SCHEME + ":"):
+            parse_cluster_url(url)  # likewise
         self._url = url
         self._redactor = Redactor(url)
         self._config = config if config is not None else FleetConfig()
@@ -349,8 +354,7 @@ class FleetPublisher:
             rejected_before = self._n["rejected"]
         sent: list[FleetEntry] = []
         pipe = client.pipeline(transaction=False)
-        pipe.client_getname()
-        pipe.client_setname(self._window.token.decode())
+        checks = self._window.start(pipe, client)  # no CLIENT commands on a cluster
         for entry in list(self._inflight):
             try:
                 config = self._tenant_config(client, entry.key[0])
@@ -370,16 +374,18 @@ class FleetPublisher:
                 args += (name, value)
             fcall(pipe, "xadd", [keys.meta, keys.log], args)
             sent.append(entry)
-        name, _named, *results = pipe.execute(raise_on_error=False)
-        if isinstance(name, Exception) and is_transient(name):
-            raise name
+        replies = pipe.execute(raise_on_error=False)
+        results = replies[checks:]
+        conn_name: Any = replies[0] if checks else None
+        if isinstance(conn_name, Exception) and is_transient(conn_name):
+            raise conn_name
         for r in results:
             if is_missing(r):  # a restarted Redis forgot the library
                 load_library(client)
                 raise _RetryLaterError("the function library was loaded")
         acked_at = monotonic()
         with self._cond:
-            reconnected = self._window.is_new_connection(name)
+            reconnected = self._window.reconnected(client, conn_name)
         transient: Exception | None = None
         acked = 0
         for entry, r in zip(sent, results, strict=True):
@@ -412,13 +418,13 @@ class FleetPublisher:
         """Verify the window's due entries (all of them after a reconnect)."""
         client = self._connect()
         pipe = client.pipeline(transaction=False)
-        pipe.client_getname()
-        pipe.client_setname(self._window.token.decode())
-        name, _named = pipe.execute(raise_on_error=False)
+        name: Any = None
+        if self._window.start(pipe, client):
+            name = pipe.execute(raise_on_error=False)[0]
         if isinstance(name, Exception) and is_transient(name):
             raise name
         with self._cond:
-            reconnected = self._window.is_new_connection(name)
+            reconnected = self._window.reconnected(client, name)
         self._check_window(client, everything=reconnected)
         self._succeeded(sent=False)
         return True

@@ -41,7 +41,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     """
     import redis
 
-    from agentspec._fleet.connection import Redactor, open_client
+    from agentspec._fleet.connection import Redactor, hash_reply, open_client
     from agentspec._fleet.heartbeat import BadHeartbeat, read_heartbeat_records
     from agentspec._fleet.ids import format_id, parse_id
     from agentspec._fleet.names import FleetKeys, shard_name
@@ -58,7 +58,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
     }
     try:
         client = open_client(url)
-    except (redis.RedisError, ValueError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as exc:
         raise AgentSpecError(f"cannot open {redactor.url}: {redactor.error(exc)}") from None
     try:
         for tenant in tenants:
@@ -71,6 +71,7 @@ def fleet_status(url: str, tenants: list[str], timeout: float = 30.0) -> dict[st
                 pipe.xlen(keys.log)
                 pipe.xrevrange(keys.log, count=1)
                 has_meta, meta, index, length, last = pipe.execute()
+                meta, index = hash_reply(meta), hash_reply(index)  # raw in a cluster transaction
                 try:
                     beats, bad_beats = read_heartbeat_records(client, keys)
                 except redis.ResponseError as exc:  # e.g. a heartbeat key of another type

@@ -24,7 +24,13 @@ tenant's ACL user cannot run ``INFO`` (``@dangerous``) to watch the server's
   seconds.  Every pipeline starts with ``CLIENT GETNAME`` and ``CLIENT
   SETNAME <token>`` (a random token per publisher): a connection that does
   not answer with the token was opened since the last pipeline.  (``CLIENT
-  ID`` would not do: ids start again from 1 after a restart.)
+  ID`` would not do: ids start again from 1 after a restart.)  In a
+  Redis Cluster the name is per node and redis-py sends ``CLIENT`` commands
+  to one node only, so there the client counts the connections it opened to
+  any node (`FleetCluster.connections_made`): when the count moved since
+  the last look (a node reconnected, or a promoted replica now serves a
+  tenant's slot), the whole window is verified.  The timed verification
+  alone would suffice for correctness; this only resends losses sooner.
 
 Duplicates collapse on every replica, so verifying errs on the side of
 resending.  With ``after`` = 0 (for ``appendfsync always``) there is no
@@ -41,6 +47,7 @@ from typing import Any
 import redis
 
 from agentspec._core.shardkey import key_json
+from agentspec._fleet.connection import is_cluster
 from agentspec._fleet.entry import FleetEntry
 from agentspec._fleet.functions import fcall, is_missing, load_library
 from agentspec._fleet.names import FleetKeys
@@ -69,6 +76,8 @@ class DurableWindow:
         self.acked: deque[Acked] = deque()
         #: The connection name every pipeline checks, then sets.
         self.token = b"agentspec-pub-" + secrets.token_hex(8).encode()
+        #: Cluster: (client serial, connections it made) at the last look.
+        self.seen: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         """Entries in the window."""
@@ -89,6 +98,26 @@ class DurableWindow:
         then verified when they fall due, which is enough for correctness.
         """
         return not isinstance(name, Exception) and name != self.token
+
+    def start(self, pipe: Any, client: redis.Redis) -> int:
+        """Queue the connection check first on ``pipe``: the number of replies it takes.
+
+        ``CLIENT GETNAME`` + ``CLIENT SETNAME``, except on a cluster (none:
+        `reconnected` counts its connections instead).
+        """
+        if is_cluster(client):
+            return 0
+        pipe.client_getname()
+        pipe.client_setname(self.token.decode())
+        return 2
+
+    def reconnected(self, client: redis.Redis, name: Any) -> bool:
+        """Whether a connection was made since the last check (``name``: GETNAME's reply)."""
+        if not is_cluster(client):
+            return self.is_new_connection(name)
+        mark = (int(getattr(client, "serial", 0)), int(getattr(client, "connections_made", 0)))
+        new, self.seen = mark != self.seen, mark
+        return new
 
     def candidates(self, now: float, everything: bool) -> list[Acked]:
         """The entries to verify now: the due ones, or all of them after a reconnect."""

@@ -51,6 +51,8 @@ REDIS_URL_ENV = "AGENTSPEC_REDIS_URL"
 REDIS_URL_FILE_ENV = "AGENTSPEC_REDIS_URL_FILE"
 #: The schemes a fleet URL may have.
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+#: Schemes only the fleet's own clients take (`agentspec._fleet.connection.open_client`).
+_FLEET_ONLY_SCHEMES = ("redis+sentinel://", "redis+cluster://")
 #: Largest URL file read (a URL is short; anything bigger is the wrong file).
 _MAX_FILE_BYTES = 64 * 1024
 #: Permission bits a URL file must not have: any for others, write for the group.
@@ -95,7 +97,7 @@ def _check_url(url: str, where: str) -> str:
         raise RedisUrlError(f"{where} is empty: it must hold a redis://, rediss:// or unix:// URL")
     if any(c.isspace() for c in url):
         raise RedisUrlError(f"{where} must hold one URL (it holds whitespace inside)")
-    if not url.startswith(REDIS_SCHEMES):
+    if not url.startswith(REDIS_SCHEMES + _FLEET_ONLY_SCHEMES):
         raise RedisUrlError(f"{where} must hold a redis://, rediss:// or unix:// URL")
     return url
 
