@@ -74,7 +74,7 @@ from agentspec._util import secrets_source
 from agentspec._util.cli import LOG_LEVELS
 from agentspec._util.keys import API_KEY_ENV, server_api_key
 from agentspec._util.secrets_source import (
-    REDIS_SCHEMES,
+    FLEET_URL_SCHEMES,
     RedisUrl,
     RedisUrlError,
     has_password,
@@ -231,8 +231,11 @@ def vllm_launch(
     if redis_url and redis_url_file:
         raise InvalidArgumentError("give either redis_url or redis_url_file, not both")
     if redis_url:
-        if not redis_url.startswith(REDIS_SCHEMES):
-            raise InvalidArgumentError("--redis must be a redis://, rediss:// or unix:// URL")
+        if not redis_url.startswith(FLEET_URL_SCHEMES):
+            raise InvalidArgumentError(
+                "--redis must be a redis://, rediss://, unix://, redis+sentinel:// or "
+                "redis+cluster:// URL"
+            )
         launch_env[REDIS_URL_ENV] = redis_url
     elif redis_url_file:
         launch_env[REDIS_URL_FILE_ENV] = os.path.abspath(redis_url_file)
@@ -411,7 +414,8 @@ def add_vllm_args_arguments(parser: argparse.ArgumentParser) -> None:
     )
     secrets_source.add_arguments(
         parser,
-        "join the fleet on this Redis (redis://, rediss:// or unix://; default: "
+        "join the fleet on this Redis (redis://, rediss://, unix://, redis+sentinel:// "
+        "or redis+cluster://; default: "
         "$AGENTSPEC_REDIS_URL): the workers "
         "draft from the shards every replica learned and publish each finished response "
         "(identity: vllm_xargs.agentspec_request_id, else vLLM's request id). Emitted as "

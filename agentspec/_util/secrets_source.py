@@ -31,6 +31,7 @@ from typing import TextIO
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [
+    "FLEET_URL_SCHEMES",
     "REDIS_SCHEMES",
     "REDIS_URL_ENV",
     "REDIS_URL_FILE_ENV",
@@ -53,6 +54,8 @@ REDIS_URL_FILE_ENV = "AGENTSPEC_REDIS_URL_FILE"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 #: Schemes only the fleet's own clients take (`agentspec._fleet.connection.open_client`).
 _FLEET_ONLY_SCHEMES = ("redis+sentinel://", "redis+cluster://")
+#: Every scheme a fleet URL may have.
+FLEET_URL_SCHEMES = REDIS_SCHEMES + _FLEET_ONLY_SCHEMES
 #: Largest URL file read (a URL is short; anything bigger is the wrong file).
 _MAX_FILE_BYTES = 64 * 1024
 #: Permission bits a URL file must not have: any for others, write for the group.
@@ -94,11 +97,14 @@ def has_password(url: str) -> bool:
 def _check_url(url: str, where: str) -> str:
     """``url`` when it is one Redis URL; the error names ``where``, never the text."""
     if not url:
-        raise RedisUrlError(f"{where} is empty: it must hold a redis://, rediss:// or unix:// URL")
+        raise RedisUrlError(f"{where} is empty: it must hold a Redis URL")
     if any(c.isspace() for c in url):
         raise RedisUrlError(f"{where} must hold one URL (it holds whitespace inside)")
     if not url.startswith(REDIS_SCHEMES + _FLEET_ONLY_SCHEMES):
-        raise RedisUrlError(f"{where} must hold a redis://, rediss:// or unix:// URL")
+        raise RedisUrlError(
+            f"{where} must hold a redis://, rediss://, unix://, redis+sentinel:// or "
+            "redis+cluster:// URL"
+        )
     return url
 
 

@@ -261,7 +261,7 @@ def test_missing_empty_and_bad_files_are_usage_errors(tmp_path):
     assert "$AGENTSPEC_REDIS_URL_FILE" in result.stderr
     for text, why in (
         ("", "is empty"),
-        (f"http://u:{PASSWORD}@h", "redis://, rediss:// or unix://"),
+        (f"http://u:{PASSWORD}@h", "redis+sentinel:// or redis+cluster:// URL"),
         (f"redis://u:{PASSWORD}@h\nredis://u:{PASSWORD}@g", "one URL"),
     ):
         bad = tmp_path / "bad"

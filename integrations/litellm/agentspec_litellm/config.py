@@ -82,7 +82,8 @@ CONFIG_ENV = "AGENTSPEC_LITELLM_CONFIG"
 #: (the one `agentspec.ShardStore` reads).
 REDIS_URL_ENV = "AGENTSPEC_REDIS_URL"
 #: The URL schemes the fleet connects with.
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
+_SCHEME_TEXT = "redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
 
 #: Where the tenant of a request comes from.
 TenantSource = Literal["client", "team", "key_alias", "user", "key"]
@@ -290,14 +291,12 @@ def check_redis_url(value: object, name: str) -> str:
     """
     if not isinstance(value, str) or not value:
         got = "an empty string" if value == "" else f"a {type(value).__name__}"
-        raise InvalidArgumentError(
-            f"{name} must be a redis://, rediss:// or unix:// URL (or false), got {got}"
-        )
+        raise InvalidArgumentError(f"{name} must be a {_SCHEME_TEXT} URL (or false), got {got}")
     if not value.startswith(REDIS_SCHEMES):
         scheme, sep, _ = value.partition("://")
         got = f"a {scheme}:// URL" if sep and _SCHEME.fullmatch(scheme) else "no URL scheme"
         raise InvalidArgumentError(
-            f"{name} must be a redis://, rediss:// or unix:// URL, got {got}",
+            f"{name} must be a {_SCHEME_TEXT} URL, got {got}",
             "for example redis://user:PASSWORD@host:6379/0 or unix:///run/redis.sock",
         )
     try:

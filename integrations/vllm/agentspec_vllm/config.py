@@ -103,7 +103,7 @@ _SIZE_KEYS = frozenset(
     }
 )
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
 
 
 def _redacted(url: str) -> str:
@@ -185,7 +185,8 @@ class AgentSpecVllmConfig:
 
         if self.redis_url is not None and not self.redis_url.startswith(_REDIS_SCHEMES):
             raise InvalidArgumentError(
-                "agentspec redis_url must start with redis://, rediss:// or unix://",
+                "agentspec redis_url must start with redis://, rediss://, unix://, "
+                "redis+sentinel:// or redis+cluster://",
                 f"got {_redacted(self.redis_url)!r:.80}",
             )
         if self.fleet_max_tenants < 1:
