@@ -131,7 +131,7 @@ def test_bad_redis_urls_are_refused_without_their_password(
 
 def test_the_refusals_say_what_is_wanted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(REDIS_URL_ENV, raising=False)
-    with pytest.raises(InvalidArgumentError, match="or redis+cluster:// URL, got a http:// URL"):
+    with pytest.raises(InvalidArgumentError, match=r"or redis\+cluster:// URL, got a http:// URL"):
         HookConfig.from_mapping({"store": "/tmp/s", "redis": f"http://u:{SECRET}@h"})
     with pytest.raises(InvalidArgumentError, match="got no URL scheme"):
         HookConfig.from_mapping({"store": "/tmp/s", "redis": f"u:{SECRET}@h:6379"})
