@@ -32,6 +32,7 @@ from agentspec._fleet.connection import (
     parse_cluster_url,
     redact_url,
 )
+from agentspec._fleet.follow import FleetFollower
 from agentspec._fleet.ids import fleet_seq_id
 from agentspec._fleet.names import FleetKeys, tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher
@@ -228,6 +229,24 @@ def test_a_store_outbox_publishes_to_the_cluster(cluster, tmp_path):
 
 class _NoShard:  # an absent shard, as the predicate above reads it
     sequences = 0
+
+
+@requires_redis_cluster
+def test_one_follower_follows_tenants_on_every_master(cluster):
+    tenants = [f"followed-{i}" for i in range(9)]  # fresh tenants (admin URL)
+    with (
+        FleetPublisher(cluster.url(), config=CFG) as pub,
+        FleetFollower(cluster.url(), tenants, config=CFG, block_ms=200, compact_every=0) as f,
+    ):
+        assert len({cluster.master_of(FleetKeys.of(t).log).port for t in tenants}) >= 2
+        for i in range(10):
+            for t in tenants:
+                pub.publish((t, "p", "s"), [i, 3, 4], f"follow-{t}-{i}")
+        assert pub.flush(WAIT)
+        for t in tenants:
+            sub = f.subscriber(t)
+            assert sub.wait_until(lambda s=sub: s.stats().applied == 10, WAIT), t
+            assert sub.stats().last_error is None
 
 
 @requires_redis_cluster
