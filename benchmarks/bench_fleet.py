@@ -3,7 +3,7 @@
 
 Everything runs on this machine: a ``redis-server`` (own temporary directory,
 loopback port, ``appendonly yes``, ``appendfsync everysec``) and real
-processes.  Phases (``--phases a,b,c,d``, all by default):
+processes.  Phases (``--phases a,b,c,d,e``; a to d by default):
 
 a. **Tokens per step.**  ``--replicas`` (3) ``agentspec serve MODEL --engine
    embedded`` processes, once isolated (no ``--redis``: each drafts from what
@@ -41,11 +41,29 @@ d. **Memory.**  After that load (or, without c, the same number of sequences
    cached token, beside a subscriber's own tree bytes per token (one tree, and
    the two a subscriber keeps for lock-free reads) and the replicas' learned
    shard bytes per token (from phase a's fleet run).
+e. **Throughput, many tenants** (only when named: ``--phases e``).
+   ``--publishers`` (2) processes, one `FleetPublisher` each (pipelined
+   batches of ``--publisher-batch``), publish ``--e-rate`` (10,000) sequences
+   per second in all for ``--e-seconds`` (5), sequence i to tenant i mod
+   ``--tenants`` (100) under stage ``s{(i // tenants) mod --stages}`` (10):
+   the Spider responses as in phase c, with synthetic stage labels.
+   ``--subscribers`` (3) processes each follow every tenant with one
+   `FleetFollower` (one connection, one thread), ``compact_every``
+   ``--compact-every`` (100) so rounds happen during the run.  Each notes the
+   wall-clock time after every batch it applies or reload it does (hooks on
+   the members, no extra thread) and times every compaction round.  Printed:
+   the rate offered and acknowledged by Redis, lag p50/p99/max (published ->
+   applied on all, one clock, as c), whether every process holds every
+   sequence, CPU microseconds per sequence of the publishers, the followers
+   and redis-server (and the rate the cores could hold at that cost),
+   compaction seconds per round by shards written, Redis bytes per cached
+   token (as d), and each follower process's RSS, threads and connections.
 
 Usage::
 
-    python benchmarks/bench_fleet.py [--phases a,b,c,d] [--questions 6] [--rate 1000]
-        [--seconds 3] [--replicas 3] [--subscribers 3] [--json OUT]
+    python benchmarks/bench_fleet.py [--phases a,b,c,d,e] [--questions 6] [--rate 1000]
+        [--seconds 3] [--replicas 3] [--subscribers 3] [--e-rate 10000] [--e-seconds 5]
+        [--tenants 100] [--stages 10] [--publishers 2] [--compact-every 100] [--json OUT]
 """
 
 from __future__ import annotations
@@ -908,12 +926,23 @@ def follower_child(spec_json: str) -> int:
         spec["url"], tenants, compact_every=int(spec["compact_every"]), start=False
     )
     marks: dict[str, tuple[list[float], list[str]]] = {}
+    counts = {"reads": 0, "wakeups": 0, "woken": 0}  # bounded reads; XREAD waits, members woken
+    plain_wait = follower._wait
+
+    def waited(client: Any, cluster: bool) -> set[str]:
+        woken = plain_wait(client, cluster)
+        counts["wakeups"] += 1
+        counts["woken"] += len(woken)
+        return woken
+
+    setattr(follower, "_wait", waited)  # noqa: B010
     for t in tenants:
         member = follower.subscriber(t)
         marks[t] = ([], [])
 
         def applied(entries: list[list[Any]], _m: Any = member, _run: Any = member._apply) -> None:
             _run(entries)  # applied, trees swapped, position moved
+            counts["reads"] += 1
             if entries:
                 times, positions = marks[_m.tenant]
                 times.append(time.time())
@@ -968,6 +997,7 @@ def follower_child(spec_json: str) -> int:
     follower.close()
     report = {"reached": reached, "ready": at_ready, "end": at_end, "tenants": per_tenant}
     report["rounds"] = rounds
+    report["counts"] = counts
     print(json.dumps(report), flush=True)
     return 0
 
@@ -1284,6 +1314,7 @@ def run_throughput(args: argparse.Namespace, server: Any, workdir: Path) -> dict
                 "malformed": sum(d["malformed"] for d in rep["tenants"].values()),
                 "loads": sum(d["loads"] for d in rep["tenants"].values()),
                 "reconnects": max(d["reconnects"] for d in rep["tenants"].values()),
+                **rep["counts"],
                 "compactions": sum(d["compactions"] for d in rep["tenants"].values()),
                 "evicted_shards": sum(d["evicted_shards"] for d in rep["tenants"].values()),
                 "errors": sorted(
@@ -1554,7 +1585,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--e-seconds", type=float, default=5.0, help="e: publishing time")
     p.add_argument("--publishers", type=int, default=2, help="e: publisher processes")
     p.add_argument("--publisher-batch", type=int, default=128, help="e: entries per pipeline")
-    p.add_argument("--compact-every", type=int, default=500, help="e: subscribers' compact_every")
+    p.add_argument("--compact-every", type=int, default=100, help="e: subscribers' compact_every")
     p.add_argument("--subscriber-child", nargs=2, metavar=("URL", "TENANT"), help=argparse.SUPPRESS)
     p.add_argument("--follower-child", metavar="JSON", help=argparse.SUPPRESS)
     p.add_argument("--publisher-child", metavar="JSON", help=argparse.SUPPRESS)
