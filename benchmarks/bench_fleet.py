@@ -3,7 +3,7 @@
 
 Everything runs on this machine: a ``redis-server`` (own temporary directory,
 loopback port, ``appendonly yes``, ``appendfsync everysec``) and real
-processes.  Phases (``--phases a,b,c,d``, all by default):
+processes.  Phases (``--phases a,b,c,d,e``; a to d by default):
 
 a. **Tokens per step.**  ``--replicas`` (3) ``agentspec serve MODEL --engine
    embedded`` processes, once isolated (no ``--redis``: each drafts from what
@@ -41,22 +41,42 @@ d. **Memory.**  After that load (or, without c, the same number of sequences
    cached token, beside a subscriber's own tree bytes per token (one tree, and
    the two a subscriber keeps for lock-free reads) and the replicas' learned
    shard bytes per token (from phase a's fleet run).
+e. **Throughput, many tenants** (only when named: ``--phases e``).
+   ``--publishers`` (2) processes, one `FleetPublisher` each (pipelined
+   batches of ``--publisher-batch``), publish ``--e-rate`` (10,000) sequences
+   per second in all for ``--e-seconds`` (5), sequence i to tenant i mod
+   ``--tenants`` (100) under stage ``s{(i // tenants) mod --stages}`` (10):
+   the Spider responses as in phase c, with synthetic stage labels.
+   ``--subscribers`` (3) processes each follow every tenant with one
+   `FleetFollower` (one connection, one thread), ``compact_every``
+   ``--compact-every`` (100) so rounds happen during the run.  Each notes the
+   wall-clock time after every batch it applies or reload it does (hooks on
+   the members, no extra thread) and times every compaction round.  Printed:
+   the rate offered and acknowledged by Redis, lag p50/p99/max (published ->
+   applied on all, one clock, as c), whether every process holds every
+   sequence, CPU microseconds per sequence of the publishers, the followers
+   and redis-server (and the rate the cores could hold at that cost),
+   compaction seconds per round by shards written, Redis bytes per cached
+   token (as d), and each follower process's RSS, threads and connections.
 
 Usage::
 
-    python benchmarks/bench_fleet.py [--phases a,b,c,d] [--questions 6] [--rate 1000]
-        [--seconds 3] [--replicas 3] [--subscribers 3] [--json OUT]
+    python benchmarks/bench_fleet.py [--phases a,b,c,d,e] [--questions 6] [--rate 1000]
+        [--seconds 3] [--replicas 3] [--subscribers 3] [--e-rate 10000] [--e-seconds 5]
+        [--tenants 100] [--stages 10] [--publishers 2] [--compact-every 100] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
 import http.client
 import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,7 +86,7 @@ import urllib.request
 import uuid
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
@@ -79,7 +99,7 @@ from agentspec._util.procs import free_port, log_tail, spawn, wait_healthy  # no
 
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
 LEAD_TOKENS = 8  # prompt tokens before each published output, as the replicas publish
-PHASES = ("a", "b", "c", "d")
+PHASES = ("a", "b", "c", "d", "e")
 TARGET_P99_MS = 50.0
 
 
@@ -817,6 +837,505 @@ def redis_memory(client: Any, prefix: str) -> dict[str, Any]:
     }
 
 
+# --- phase e: throughput, many tenants on one FleetFollower per subscriber process ----------
+
+
+def _proc_status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _pid_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections of this process to ``port`` (its sockets in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    n = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if int(f[2].rsplit(":", 1)[1], 16) == port and f[3] == "01" and f[9] in inodes:
+                    n += 1
+    return n
+
+
+def _process_view(port: int) -> dict[str, Any]:
+    return {
+        "rss": _proc_status("VmRSS") * 1024,
+        "threads": _proc_status("Threads"),
+        "python_threads": threading.active_count(),
+        "redis_connections": _connections_to(port),
+        "cpu_s": _cpu_s(),
+    }
+
+
+def follower_child(spec_json: str) -> int:
+    """A subscriber process of phase e: one `FleetFollower` over every tenant.
+
+    Notes the wall-clock time after each applied batch (hooked in the member's
+    apply step: no extra thread) and times each compaction round; reports on END.
+    """
+    import agentspec._fleet.sub as sub_mod
+    from agentspec._fleet.ids import format_id
+    from agentspec.fleet import FleetFollower
+
+    spec = json.loads(spec_json)
+    tenants: list[str] = spec["tenants"]
+    port = int(spec["port"])
+    rounds: list[dict[str, Any]] = []
+    plain_compact = sub_mod.__dict__["compact"]  # the name FleetSubscriber._compact calls
+
+    def timed_compact(client: Any, keys: Any, shards: Any, position: Any, **kw: Any) -> Any:
+        shards = list(shards)
+        dirty = sum(1 for s in shards if s.dirty)
+        t0 = time.perf_counter()
+        result = plain_compact(client, keys, shards, position, **kw)
+        took = time.perf_counter() - t0
+        rounds.append(
+            {
+                "seconds": took,
+                "shards": len(shards),
+                "changed": dirty,
+                "lease": result is not None,
+                "written": None if result is None else result.written,
+                "bumped": None if result is None else result.bumped,
+                "removed": None if result is None else result.removed,
+            }
+        )
+        return result
+
+    setattr(sub_mod, "compact", timed_compact)  # noqa: B010 (the bench's stopwatch)
+    follower = FleetFollower(
+        spec["url"], tenants, compact_every=int(spec["compact_every"]), start=False
+    )
+    marks: dict[str, tuple[list[float], list[str]]] = {}
+    counts = {"reads": 0, "wakeups": 0, "woken": 0}  # bounded reads; XREAD waits, members woken
+    plain_wait = follower._wait
+
+    def waited(client: Any, cluster: bool) -> set[str]:
+        woken = plain_wait(client, cluster)
+        counts["wakeups"] += 1
+        counts["woken"] += len(woken)
+        return woken
+
+    setattr(follower, "_wait", waited)  # noqa: B010
+    for t in tenants:
+        member = follower.subscriber(t)
+        marks[t] = ([], [])
+
+        def applied(entries: list[list[Any]], _m: Any = member, _run: Any = member._apply) -> None:
+            _run(entries)  # applied, trees swapped, position moved
+            counts["reads"] += 1
+            if entries:
+                times, positions = marks[_m.tenant]
+                times.append(time.time())
+                positions.append(entries[-1][0].decode())
+
+        def loaded(client: Any, _m: Any = member, _run: Any = member._load) -> None:
+            _run(client)  # after a trim passed it: every entry up to the position is held
+            times, positions = marks[_m.tenant]
+            times.append(time.time())
+            positions.append(format_id(_m._position))
+
+        setattr(member, "_apply", applied)  # noqa: B010 (instance hooks: the bench's clock)
+        setattr(member, "_load", loaded)  # noqa: B010
+    follower.start()
+
+    def started(member: Any) -> Callable[[], bool]:
+        def check() -> bool:
+            st = member.stats()
+            return bool(st.connected and st.loads >= 1)
+
+        return check
+
+    members = [follower.subscriber(t) for t in tenants]
+    ready = all(m.wait_until(started(m), 60) for m in members)
+    at_ready = _process_view(port)
+    print(json.dumps({"ready": ready, **at_ready}), flush=True)
+    command = json.loads(sys.stdin.readline() or "{}")
+    deadline = time.monotonic() + float(command.get("timeout", 0))
+    reached = bool(command)
+    for t, last_id in (command.get("last_ids") or {}).items():
+        left = max(0.0, deadline - time.monotonic())
+        reached = follower.subscriber(t).wait_for(last_id, left) and reached
+    at_end = _process_view(port)
+    per_tenant = {}
+    for t in tenants:
+        st = follower.subscriber(t).stats()
+        per_tenant[t] = {
+            "sequences": sum(s.sequences for s in st.shards.values()),
+            "tokens": sum(s.tokens for s in st.shards.values()),
+            "shards": len(st.shards),
+            "bytes": st.bytes,
+            "applied": st.applied,
+            "duplicates": st.duplicates,
+            "malformed": st.malformed,
+            "loads": st.loads,
+            "compactions": st.compactions,
+            "reconnects": st.reconnects,
+            "evicted_shards": st.evicted_shards,
+            "last_error": st.last_error,
+            "times": marks[t][0],
+            "positions": marks[t][1],
+        }
+    follower.close()
+    report = {"reached": reached, "ready": at_ready, "end": at_end, "tenants": per_tenant}
+    report["rounds"] = rounds
+    report["counts"] = counts
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+def publisher_child(spec_json: str) -> int:
+    """A publisher process of phase e: every ``count``-th sequence from ``index``, paced."""
+    from agentspec._fleet.entry import FleetEntry
+    from agentspec._fleet.pub import FleetPublisher, Published, PublishStatus
+
+    spec = json.loads(spec_json)
+    plan = json.loads(Path(spec["plan"]).read_text())
+    tenants, stages, seqs = plan["tenants"], plan["stages"], plan["seqs"]
+    j, count, n = int(spec["index"]), int(spec["count"]), int(spec["n"])
+    rate = float(spec["rate"]) / count  # this process's share
+    mine = list(range(j, n, count))
+    work = []
+    for i in mine:
+        key = (tenants[i % len(tenants)], "bench", f"s{(i // len(tenants)) % stages}")
+        tokens = array.array("i", seqs[i % len(seqs)])
+        ident = f"e-{i}"
+        work.append((key, tokens, ident, FleetEntry.make(key, ident, tokens).seq_id))
+    slot = {w[3]: k for k, w in enumerate(work)}
+    acked: list[tuple[str, float] | None] = [None] * len(work)
+
+    def on_published(p: Published) -> None:
+        k = slot.get(p.entry.seq_id)
+        if k is not None and acked[k] is None:
+            acked[k] = (p.stream_id, time.time())
+
+    pub = FleetPublisher(
+        spec["url"],
+        on_published=on_published,
+        max_pending=max(10_000, len(work)),
+        batch=int(spec["batch"]),
+    )
+    print(json.dumps({"ready": True}), flush=True)
+    start = float(json.loads(sys.stdin.readline())["start"])
+    t_pub = [0.0] * len(work)
+    refused = 0
+    cpu0 = _cpu_s()
+    for k, (key, tokens, ident, _sid) in enumerate(work):
+        delay = start + k / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)  # pacing the publisher, not synchronisation
+        t_pub[k] = time.time()
+        if pub.publish(key, tokens, ident) is not PublishStatus.QUEUED:
+            refused += 1
+    t_end = time.time()
+    flushed = pub.flush(120)
+    t_flushed = time.time()
+    cpu = _cpu_s() - cpu0
+    st = pub.stats()
+    pub.close(5)
+    print(
+        json.dumps(
+            {
+                "indices": mine,
+                "t_pub": t_pub,
+                "acked": acked,
+                "refused": refused,
+                "flushed": flushed,
+                "published": st.published,
+                "failures": st.failures,
+                "cpu_s": cpu,
+                "publish_end": t_end,
+                "flushed_at": t_flushed,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def _child(argv: list[str], workdir: Path, name: str) -> subprocess.Popen[str]:
+    err = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (the child owns it; closed on exit)
+    try:
+        return subprocess.Popen(
+            [sys.executable, __file__, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=REPO,
+        )
+    finally:
+        err.close()
+
+
+def _first_line(p: subprocess.Popen[str], workdir: Path, name: str) -> dict[str, Any]:
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    try:
+        obj: dict[str, Any] = json.loads(line)
+    except ValueError:
+        obj = {}
+    if not obj.get("ready"):
+        raise RuntimeError(f"{name} did not start:\n{log_tail(workdir / f'{name}.log')}")
+    return obj
+
+
+def _last_line(
+    p: subprocess.Popen[str], message: dict[str, Any] | None, workdir: Path, name: str
+) -> dict[str, Any]:
+    out, _ = p.communicate(None if message is None else json.dumps(message) + "\n", timeout=600)
+    try:
+        obj: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RuntimeError(f"{name} gave no report:\n{log_tail(workdir / f'{name}.log')}") from None
+    return obj
+
+
+def run_throughput(args: argparse.Namespace, server: Any, workdir: Path) -> dict[str, Any]:
+    """Phase e: ``--e-rate`` sequences/s over tenants x stages to follower processes."""
+    import redis
+
+    from agentspec._fleet.names import FleetKeys
+
+    run = uuid.uuid4().hex[:6]
+    tenants = [f"bench-tp-{run}-{t:03d}" for t in range(args.tenants)]
+    n = max(1, round(args.e_rate * args.e_seconds))
+    seqs = [tokens for _key, tokens in trace_sequences(args, tenants[0])]
+    plan_path = workdir / "plan.json"
+    plan_path.write_text(json.dumps({"tenants": tenants, "stages": args.stages, "seqs": seqs}))
+    admin = redis.Redis.from_url(server.url)
+    used_before = int(admin.info("memory")["used_memory"])
+    port = server.port
+    sub_spec = {"url": server.url, "tenants": tenants, "port": port}
+    sub_spec["compact_every"] = args.compact_every
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        subs = []
+        for s in range(args.subscribers):
+            procs.append(
+                _child(["--follower-child", json.dumps(sub_spec)], workdir, f"follower-{s}")
+            )
+            subs.append(procs[-1])
+        ready = [_first_line(p, workdir, f"follower-{s}") for s, p in enumerate(subs)]
+        clients_ready = len(admin.client_list())
+        pubs = []
+        for j in range(args.publishers):
+            spec = {"url": server.url, "plan": str(plan_path), "index": j}
+            spec |= {"count": args.publishers, "n": n, "rate": args.e_rate}
+            spec["batch"] = args.publisher_batch
+            procs.append(_child(["--publisher-child", json.dumps(spec)], workdir, f"publisher-{j}"))
+            pubs.append(procs[-1])
+        for j, p in enumerate(pubs):
+            _first_line(p, workdir, f"publisher-{j}")
+        log(
+            f"e: {n:,} sequences at {args.e_rate:g}/s over {len(tenants)} tenants x "
+            f"{args.stages} stages; {len(pubs)} publishers, {len(subs)} follower processes"
+        )
+        redis_cpu0 = _pid_cpu_s(server.proc.pid)
+        start = time.time() + 0.5
+        for p in pubs:
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"start": start}) + "\n")
+            p.stdin.flush()
+        pub_reports = [_last_line(p, None, workdir, f"publisher-{j}") for j, p in enumerate(pubs)]
+        redis_cpu_publishing = _pid_cpu_s(server.proc.pid) - redis_cpu0
+        t_pub = [0.0] * n
+        acked: list[tuple[str, float] | None] = [None] * n
+        for rep in pub_reports:
+            for i, tp, a in zip(rep["indices"], rep["t_pub"], rep["acked"], strict=True):
+                t_pub[i] = tp
+                acked[i] = None if a is None else (a[0], a[1])
+        last_ids: dict[str, str] = {}
+        for i, a in enumerate(acked):
+            if a is not None:
+                t = tenants[i % len(tenants)]
+                if t not in last_ids or parse_sid(a[0]) > parse_sid(last_ids[t]):
+                    last_ids[t] = a[0]
+        command = {"last_ids": last_ids, "timeout": 120}
+        sub_reports = [_last_line(p, command, workdir, f"follower-{s}") for s, p in enumerate(subs)]
+        redis_cpu = _pid_cpu_s(server.proc.pid) - redis_cpu0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+    used_after = int(admin.info("memory")["used_memory"])
+    memory_parts: Counter[str] = Counter()
+    for t in tenants:
+        memory_parts.update(redis_memory(admin, FleetKeys.of(t).prefix))
+    admin.close()
+
+    # Per sequence and subscriber: the first noted time the tenant's position was at or past it.
+    applied_at: list[list[float | None]] = []
+    for rep in sub_reports:
+        marks = {}
+        for t, d in rep["tenants"].items():
+            reached: list[tuple[int, int]] = []  # running maximum: a reload may go back
+            for p in d["positions"]:
+                reached.append(max(parse_sid(p), reached[-1]) if reached else parse_sid(p))
+            marks[t] = (reached, d["times"])
+        row: list[float | None] = []
+        for i, a in enumerate(acked):
+            if a is None:
+                row.append(None)
+                continue
+            pos, times = marks[tenants[i % len(tenants)]]
+            k = bisect_left(pos, parse_sid(a[0]))
+            row.append(times[k] if k < len(pos) else None)
+        applied_at.append(row)
+    lags: list[float] = []
+    acks: list[float] = []
+    by_second: dict[int, list[float]] = defaultdict(list)
+    missing = 0
+    t0 = min(t_pub)
+    for i, a in enumerate(acked):
+        col = [row[i] for row in applied_at]
+        if a is None or any(t is None for t in col):
+            missing += 1
+            continue
+        done = [t for t in col if t is not None]
+        lags.append((max(done) - t_pub[i]) * 1000)
+        acks.append((a[1] - t_pub[i]) * 1000)
+        by_second[int(t_pub[i] - t0)].append(lags[-1])
+    span = max(t_pub) - t0 if n > 1 else 0.0
+    window = max(r["flushed_at"] for r in pub_reports) - t0
+
+    def dist(v: list[float]) -> dict[str, float | None]:
+        if not v:
+            return {"p50": None, "p99": None, "max": None, "mean": None}
+        return {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v), "mean": sum(v) / len(v)}
+
+    per_tenant_published = Counter(tenants[i % len(tenants)] for i, a in enumerate(acked) if a)
+    all_applied = missing == 0 and all(
+        rep["reached"]
+        and all(
+            d["sequences"] == per_tenant_published[t] and d["malformed"] == 0
+            for t, d in rep["tenants"].items()
+        )
+        for rep in sub_reports
+    )
+    rounds = [r for rep in sub_reports for r in rep["rounds"]]
+    held = [r for r in rounds if r["lease"]]
+    by_written: dict[int, list[float]] = defaultdict(list)
+    for r in held:
+        by_written[int(r["written"])].append(r["seconds"])
+    cached_tokens = sum(d["tokens"] for d in sub_reports[0]["tenants"].values())
+    tenant_bytes = memory_parts["tenant_bytes"]
+    lag = dist(lags)
+    subscriber_cpu = [rep["end"]["cpu_s"] - rep["ready"]["cpu_s"] for rep in sub_reports]
+    # CPU per sequence of each role, over everything it did for the n sequences (idle
+    # waits cost none): what bounds the rate this machine can hold.
+    us_per_seq = {
+        "publishers": sum(r["cpu_s"] for r in pub_reports) / n * 1e6,
+        "followers": sum(subscriber_cpu) / n * 1e6,
+        "per_follower": sum(subscriber_cpu) / max(1, len(subscriber_cpu)) / n * 1e6,
+        "redis": redis_cpu / n * 1e6,
+    }
+    return {
+        "tenants": len(tenants),
+        "stages": args.stages,
+        "shards": len(tenants) * args.stages,
+        "tokens": "Spider responses (Qwen3, after 8 prompt tokens); stage labels s0.. synthetic",
+        "sequences": n,
+        "target_rate": args.e_rate,
+        "offered_rate": (n - 1) / span if span > 0 else None,
+        "achieved_rate": ratio(len(acks), max((a[1] for a in acked if a), default=t0) - t0),
+        "publish_seconds": span,
+        "publishers": len(pub_reports),
+        "publisher_batch": args.publisher_batch,
+        "refused": sum(r["refused"] for r in pub_reports),
+        "flushed": all(r["flushed"] for r in pub_reports),
+        "published": sum(r["published"] for r in pub_reports),
+        "publisher_failures": sum(r["failures"] for r in pub_reports),
+        "subscribers": len(sub_reports),
+        "compact_every": args.compact_every,
+        "all_applied": all_applied,
+        "missing": missing,
+        "lag_ms": lag,
+        "ack_ms": dist(acks),
+        "lag_ms_per_second": [
+            {"second": k, "sequences": len(v), **dist(v)} for k, v in sorted(by_second.items())
+        ],
+        "target_p99_ms": TARGET_P99_MS,
+        "p99_ok": lag["p99"] is not None and lag["p99"] <= TARGET_P99_MS,
+        "cpu": {
+            "window_s": window,
+            "cores": os.cpu_count(),
+            "publishers_s": [r["cpu_s"] for r in pub_reports],
+            "subscribers_s": subscriber_cpu,
+            "redis_s_publishing": redis_cpu_publishing,
+            "redis_s": redis_cpu,
+            "us_per_sequence": us_per_seq,
+            "capacity_seq_per_s": ratio(
+                (os.cpu_count() or 1) * 1e6,
+                us_per_seq["publishers"] + us_per_seq["followers"] + us_per_seq["redis"],
+            ),
+        },
+        "compaction": {
+            "rounds": len(held),
+            "lease_busy": len(rounds) - len(held),
+            "median_s": statistics.median([r["seconds"] for r in held]) if held else None,
+            "p90_s": pct([r["seconds"] for r in held], 90) if held else None,
+            "median_written": statistics.median([r["written"] for r in held]) if held else None,
+            "median_changed": statistics.median([r["changed"] for r in held]) if held else None,
+            "by_written": [
+                {"written": w, "rounds": len(v), "median_s": statistics.median(v)}
+                for w, v in sorted(by_written.items())
+            ],
+        },
+        "per_subscriber": [
+            {
+                "reached": rep["reached"],
+                "ready": rep["ready"],
+                "end": {k: v for k, v in rep["end"].items() if k != "cpu_s"},
+                "cpu_s": cpu,
+                "tree_bytes": sum(d["bytes"] for d in rep["tenants"].values()),
+                "sequences": sum(d["sequences"] for d in rep["tenants"].values()),
+                "applied": sum(d["applied"] for d in rep["tenants"].values()),
+                "duplicates": sum(d["duplicates"] for d in rep["tenants"].values()),
+                "malformed": sum(d["malformed"] for d in rep["tenants"].values()),
+                "loads": sum(d["loads"] for d in rep["tenants"].values()),
+                "reconnects": max(d["reconnects"] for d in rep["tenants"].values()),
+                **rep["counts"],
+                "compactions": sum(d["compactions"] for d in rep["tenants"].values()),
+                "evicted_shards": sum(d["evicted_shards"] for d in rep["tenants"].values()),
+                "errors": sorted(
+                    {d["last_error"] for d in rep["tenants"].values() if d["last_error"]}
+                ),
+            }
+            for rep, cpu in zip(sub_reports, subscriber_cpu, strict=True)
+        ],
+        "redis_clients_with_followers": clients_ready,
+        "followers_ready": [r["ready"] for r in ready],
+        "memory": {
+            **dict(memory_parts),
+            "cached_tokens": cached_tokens,
+            "redis_used_memory_delta": used_after - used_before,
+            "redis_bytes_per_token": ratio(tenant_bytes, cached_tokens),
+            "redis_used_delta_per_token": ratio(used_after - used_before, cached_tokens),
+        },
+    }
+
+
 # --- output -------------------------------------------------------------------------------------
 
 
@@ -830,6 +1349,70 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     return str(v)
+
+
+def throughput_rows(tp: dict[str, Any] | None) -> list[tuple[str, str, str, str]]:
+    if not tp:
+        return []
+    lag, cpu, comp, mem = tp["lag_ms"], tp["cpu"], tp["compaction"], tp["memory"]
+    subs = tp["per_subscriber"]
+    us = cpu["us_per_sequence"]
+    return [
+        (
+            f"e. rate target / achieved (seq/s; {tp['tenants']} tenants x {tp['stages']} stages, "
+            f"{tp['publishers']} publisher + {tp['subscribers']} follower procs)",
+            fmt(tp["target_rate"], 0),
+            f"{fmt(tp['achieved_rate'], 0)} into Redis ({fmt(tp['offered_rate'], 0)} offered)",
+            "",
+        ),
+        (
+            "e. sync lag publish->applied on all, ms p50 / p99 / max",
+            "",
+            f"{fmt(lag['p50'], 2)} / {fmt(lag['p99'], 2)} / {fmt(lag['max'], 2)}",
+            f"p99 <= {TARGET_P99_MS:g}: {'PASS' if tp['p99_ok'] else 'FAIL'}",
+        ),
+        (
+            "e. publish->XADD ack ms p50 / p99",
+            "",
+            f"{fmt(tp['ack_ms']['p50'], 2)} / {fmt(tp['ack_ms']['p99'], 2)}",
+            "",
+        ),
+        (
+            "e. every subscriber applied every sequence",
+            "",
+            f"{fmt(tp['all_applied'])} ({tp['sequences']:,})",
+            "",
+        ),
+        (
+            f"e. CPU us/sequence: publishers + {tp['subscribers']} followers + redis",
+            f"{us['publishers']:.0f} + {us['followers']:.0f} + {us['redis']:.0f}",
+            f"= {us['publishers'] + us['followers'] + us['redis']:.0f}",
+            f"holds <= {fmt(cpu['capacity_seq_per_s'], 0)}/s on {cpu['cores']} cores",
+        ),
+        (
+            "e. compaction rounds: count, median s / p90 s, median shards written",
+            f"{comp['rounds']} (lease busy {comp['lease_busy']})",
+            f"{fmt(comp['median_s'], 4)} / {fmt(comp['p90_s'], 4)}",
+            fmt(comp["median_written"], 1),
+        ),
+        (
+            f"e. Redis B/cached token ({mem['cached_tokens']:,} tokens, "
+            f"{mem['stream_entries']:,} stream entries)",
+            f"keys {fmt(mem['redis_bytes_per_token'], 1)}",
+            f"used_memory delta {fmt(mem['redis_used_delta_per_token'], 1)}",
+            "",
+        ),
+        (
+            "e. per follower proc: RSS MB end / threads / Redis conns",
+            "",
+            "; ".join(
+                f"{s['end']['rss'] / 2**20:.0f} / {s['end']['threads']} / "
+                f"{s['end']['redis_connections']}"
+                for s in subs
+            ),
+            "",
+        ),
+    ]
 
 
 def table(results: dict[str, Any]) -> str:
@@ -966,6 +1549,7 @@ def table(results: dict[str, Any]) -> str:
                 "",
             )
         )
+    rows += throughput_rows(results.get("throughput"))
     head = ("metric", "isolated / baseline", "fleet / measured", "ratio / check")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
@@ -996,7 +1580,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DEFAULT_TRACE, help="Spider trace")
     p.add_argument("--tokenizer", type=Path, default=None, help="c/d: tokenizer.json (Qwen3)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write all numbers")
+    p.add_argument("--tenants", type=int, default=100, help="e: tenants")
+    p.add_argument("--stages", type=int, default=10, help="e: stages (shards) per tenant")
+    p.add_argument("--e-rate", type=float, default=10_000.0, help="e: sequences per second")
+    p.add_argument("--e-seconds", type=float, default=5.0, help="e: publishing time")
+    p.add_argument("--publishers", type=int, default=2, help="e: publisher processes")
+    p.add_argument("--publisher-batch", type=int, default=128, help="e: entries per pipeline")
+    p.add_argument("--compact-every", type=int, default=100, help="e: subscribers' compact_every")
     p.add_argument("--subscriber-child", nargs=2, metavar=("URL", "TENANT"), help=argparse.SUPPRESS)
+    p.add_argument("--follower-child", metavar="JSON", help=argparse.SUPPRESS)
+    p.add_argument("--publisher-child", metavar="JSON", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.kill_after is None:
         args.kill_after = max(1, args.questions // 2)
@@ -1007,6 +1600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.subscriber_child:
         return subscriber_child(*args.subscriber_child)
+    if args.follower_child:
+        return follower_child(args.follower_child)
+    if args.publisher_child:
+        return publisher_child(args.publisher_child)
     phases = {x.strip() for x in args.phases.split(",") if x.strip()}
     if not phases or phases - set(PHASES):
         print(f"--phases: choose from {','.join(PHASES)}", file=sys.stderr)
@@ -1034,13 +1631,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             before = os.getloadavg()
             results["load"] = run_load(args, server.url, workdir, rate, n)
             results["load"]["loadavg_before_after"] = [before, os.getloadavg()]
+        if "e" in phases:
+            before = os.getloadavg()
+            results["throughput"] = run_throughput(args, server, workdir)
+            results["throughput"]["loadavg_before_after"] = [before, os.getloadavg()]
     results["wall_s"] = time.perf_counter() - t0
     print(table(results))
-    for part in ("ab", "load"):
+    for part, what in (("ab", "phases a/b"), ("load", "phases c/d"), ("throughput", "phase e")):
         if part in results:
             b, a = results[part]["loadavg_before_after"]
             print(
-                f"load average ({'phases a/b' if part == 'ab' else 'phases c/d'}): "
+                f"load average ({what}): "
                 f"before {b[0]:.2f} {b[1]:.2f} {b[2]:.2f}, after {a[0]:.2f} {a[1]:.2f} {a[2]:.2f} "
                 f"on {os.cpu_count()} CPUs"
             )

@@ -114,3 +114,70 @@ def test_kill_restart_phase(tmp_path: Path) -> None:
     assert first["completion_tokens"] == kr["probe"]["completion_tokens"] > 0
     assert kr["restarted_fleet_after_first_request"]["sequences"] > 0
     assert kr["pass"] == (first["accepted"] > max(0, control["accepted"]))
+
+
+def test_throughput_phase(tmp_path: Path) -> None:
+    """Phase e: 400 sequences at 200/s over 10 tenants x 10 stages, 3 follower processes."""
+    report = _run(
+        tmp_path,
+        *("--phases", "e", "--e-rate", "200", "--e-seconds", "2", "--tenants", "10"),
+        *("--compact-every", "8"),  # rounds during the run: each tenant gets 40 entries
+        timeout=120,
+    )
+    assert report["phases"] == ["e"]
+    assert "load" not in report
+    tp = report["throughput"]
+    n = tp["sequences"]
+    assert n == 400
+    assert (tp["tenants"], tp["stages"], tp["shards"]) == (10, 10, 100)
+    assert tp["subscribers"] == 3
+    assert tp["publishers"] == 2
+    assert tp["refused"] == 0
+    assert tp["flushed"] is True
+    assert tp["published"] == n
+    # every follower process holds every sequence of every tenant, nothing malformed
+    assert tp["all_applied"] is True
+    assert tp["missing"] == 0
+    for sub in tp["per_subscriber"]:
+        assert sub["reached"] is True
+        assert sub["sequences"] == n
+        assert sub["malformed"] == 0
+        assert sub["duplicates"] == 0
+        assert sub["loads"] >= 10  # one per tenant at least
+        if sub["loads"] == 10:  # no reload from snapshots: every entry applied from the stream
+            assert sub["applied"] == n
+        # one FleetFollower: one thread of its own and one Redis connection per process
+        assert sub["end"]["python_threads"] == 2  # the main thread and the follower's
+        assert sub["end"]["redis_connections"] == 1
+        assert sub["end"]["rss"] > 0
+        assert sub["tree_bytes"] > 0
+        assert sub["cpu_s"] > 0
+    assert tp["offered_rate"] > 0
+    assert tp["achieved_rate"] > 0
+    lag = tp["lag_ms"]
+    assert 0 < lag["p50"] <= lag["p99"] <= lag["max"]
+    assert lag["p50"] >= tp["ack_ms"]["p50"] > 0
+    assert tp["p99_ok"] == (lag["p99"] <= tp["target_p99_ms"])
+    assert sum(s["sequences"] for s in tp["lag_ms_per_second"]) == n
+
+    cpu = tp["cpu"]
+    us = cpu["us_per_sequence"]
+    assert us["publishers"] > 0
+    assert us["followers"] > 0
+    assert us["redis"] > 0
+    assert us["per_follower"] == pytest.approx(us["followers"] / 3)
+    assert cpu["capacity_seq_per_s"] == pytest.approx(
+        cpu["cores"] * 1e6 / (us["publishers"] + us["followers"] + us["redis"])
+    )
+
+    comp = tp["compaction"]
+    assert comp["rounds"] >= 10  # every tenant compacted during the run
+    assert 0 < comp["median_s"] <= comp["p90_s"]
+    assert sum(b["rounds"] for b in comp["by_written"]) == comp["rounds"]
+    assert all(0 <= b["written"] <= 10 for b in comp["by_written"])  # at most a tenant's shards
+
+    mem = tp["memory"]
+    assert mem["cached_tokens"] > n  # each sequence: 8 lead tokens plus a response
+    assert mem["tenant_bytes"] == mem["stream_bytes"] + mem["snapshots_bytes"] + mem["other_bytes"]
+    assert mem["snapshots_bytes"] > 0  # compaction wrote snapshots
+    assert mem["redis_bytes_per_token"] == pytest.approx(mem["tenant_bytes"] / mem["cached_tokens"])
