@@ -923,7 +923,11 @@ def follower_child(spec_json: str) -> int:
 
     setattr(sub_mod, "compact", timed_compact)  # noqa: B010 (the bench's stopwatch)
     follower = FleetFollower(
-        spec["url"], tenants, compact_every=int(spec["compact_every"]), start=False
+        spec["url"],
+        tenants,
+        compact_every=int(spec["compact_every"]),
+        linger_ms=float(spec["linger_ms"]),
+        start=False,
     )
     marks: dict[str, tuple[list[float], list[str]]] = {}
     counts = {"reads": 0, "wakeups": 0, "woken": 0}  # bounded reads; XREAD waits, members woken
@@ -1127,6 +1131,7 @@ def run_throughput(args: argparse.Namespace, server: Any, workdir: Path) -> dict
     port = server.port
     sub_spec = {"url": server.url, "tenants": tenants, "port": port}
     sub_spec["compact_every"] = args.compact_every
+    sub_spec["linger_ms"] = args.linger_ms
     procs: list[subprocess.Popen[str]] = []
     try:
         subs = []
@@ -1268,6 +1273,7 @@ def run_throughput(args: argparse.Namespace, server: Any, workdir: Path) -> dict
         "publisher_failures": sum(r["failures"] for r in pub_reports),
         "subscribers": len(sub_reports),
         "compact_every": args.compact_every,
+        "linger_ms": args.linger_ms,
         "all_applied": all_applied,
         "missing": missing,
         "lag_ms": lag,
@@ -1587,6 +1593,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--publishers", type=int, default=2, help="e: publisher processes")
     p.add_argument("--publisher-batch", type=int, default=128, help="e: entries per pipeline")
     p.add_argument("--compact-every", type=int, default=100, help="e: subscribers' compact_every")
+    p.add_argument(
+        "--linger-ms", type=float, default=5.0, help="e: the followers' linger_ms (0: none)"
+    )
     p.add_argument("--subscriber-child", nargs=2, metavar=("URL", "TENANT"), help=argparse.SUPPRESS)
     p.add_argument("--follower-child", metavar="JSON", help=argparse.SUPPRESS)
     p.add_argument("--publisher-child", metavar="JSON", help=argparse.SUPPRESS)

@@ -10,7 +10,9 @@ any of their streams with a single ``XREAD BLOCK`` over all of them
 (``COUNT 1`` per stream: only the arrival matters, the member's bounded
 read fetches the entries).  A timeout wakes every member for one read, so
 restarts, config changes and re-seeds are noticed within ``block_ms`` as
-with one subscriber.
+with one subscriber.  Under load it lingers ``linger_ms`` before the next
+wait, so that one wait (whose cost grows with the number of tenants)
+collects many entries.
 
 All members share the follower's connection, hence its Redis user: follow
 tenants that need different users with different followers.  A lost
@@ -50,6 +52,10 @@ class FleetFollower:
         url: Redis URL (as `FleetSubscriber`); one user for every tenant.
         tenants: the tenants to follow (duplicates ignored; `follow` adds more).
         block_ms: longest wait of the shared ``XREAD`` (and of `close`).
+        linger_ms: after a wait that ended with entries, pause this long before
+            the next one, so that under load one ``XREAD`` (whose cost grows with
+            the number of tenants) wakes for many entries rather than one; it
+            adds at most this much to the lag of an entry.
         max_backoff: longest wait between reconnection attempts, seconds.
         **options: passed to each member `FleetSubscriber` (``config``,
             ``batch``, ``compact_every``, ``max_bytes``, ``heartbeat_s`` ...).
@@ -61,6 +67,7 @@ class FleetFollower:
         tenants: Iterable[str],
         *,
         block_ms: int = 1000,
+        linger_ms: float = 5.0,
         max_backoff: float = 2.0,
         start: bool = True,
         **options: Any,
@@ -72,6 +79,9 @@ class FleetFollower:
         self._url = url
         self._redactor = Redactor(url)
         self._block_ms = block_ms
+        self._linger_s = max(0.0, linger_ms / 1000)
+        self._busy = False  # the last wait ended with entries
+        self.waits = 0  #: shared waits (``XREAD`` calls, or polls on a cluster) so far
         self._max_backoff = max_backoff
         self._options = {"block_ms": block_ms, "max_backoff": max_backoff, **options}
         self._lock = threading.Lock()
@@ -240,6 +250,9 @@ class FleetFollower:
         if not waiting or cluster:
             self._stop.wait(block_s / (10 if waiting and cluster else 1))
             return set(self._members)
+        if self._busy and self._linger_s:
+            self._stop.wait(self._linger_s)  # let more entries arrive: one wake-up for many
+        self.waits += 1
         streams: dict[Any, Any] = {log: pos for log, (_, pos) in waiting.items()}
         try:
             reply = client.xread(streams, count=1, block=max(1, int(block_s * 1000)))
@@ -254,6 +267,7 @@ class FleetFollower:
                 except redis.ResponseError as e:
                     self._bench(tenant, e)
             return set(self._members)
+        self._busy = bool(reply)
         if not reply:  # a timeout: every member reads once (restarts, config, re-seeds)
             return set(self._members)
         woken: set[str] = set()
