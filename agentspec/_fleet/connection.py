@@ -234,16 +234,9 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         InvalidArgumentError: not such a URL, or a part of it is malformed
             (the message never holds the password).
     """
-    shown = redact_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        raise InvalidArgumentError("unparsable redis sentinel url", shown) from None
-    if parts.scheme.lower() != SENTINEL_SCHEME:
-        raise InvalidArgumentError(f"not a {SENTINEL_SCHEME}:// url", shown)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    user, sep, pw = userinfo.partition(":")
-    sentinels = _hosts(hosts, _SENTINEL_PORT, "sentinel", shown)
+    parts, sentinels, user, pw, shown = _multi_host_url(
+        url, SENTINEL_SCHEME, "sentinel", "sentinel", _SENTINEL_PORT
+    )
     path = [urllib.parse.unquote(p) for p in parts.path.split("/")[1:]]
     if not path or not path[0] or len(path) > 2:
         raise InvalidArgumentError("the sentinel url needs /SERVICE[/DB]", shown)
@@ -261,10 +254,36 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         tuple(sentinels),
         path[0],
         db,
-        urllib.parse.unquote(user) if at and user else None,
-        urllib.parse.unquote(pw) if at and sep else None,
+        user,
+        pw,
         query.get("sentinel_username") or None,
         query.get("sentinel_password") or None,
+    )
+
+
+def _multi_host_url(
+    url: str, scheme: str, what: str, host_what: str, default_port: int
+) -> tuple[urllib.parse.SplitResult, list[tuple[str, int]], str | None, str | None, str]:
+    """``(parts, hosts, username, password, redacted url)`` of a many-host fleet URL.
+
+    Raises:
+        InvalidArgumentError: unparsable, another scheme, or a bad host or port.
+    """
+    shown = redact_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        raise InvalidArgumentError(f"unparsable redis {what} url", shown) from None
+    if parts.scheme.lower() != scheme:
+        raise InvalidArgumentError(f"not a {scheme}:// url", shown)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, sep, pw = userinfo.partition(":")
+    return (
+        parts,
+        _hosts(hosts, default_port, host_what, shown),
+        urllib.parse.unquote(user) if at and user else None,
+        urllib.parse.unquote(pw) if at and sep else None,
+        shown,
     )
 
 
@@ -307,25 +326,14 @@ def parse_cluster_url(url: str) -> ClusterUrl:
         InvalidArgumentError: not such a URL, or a part of it is malformed
             (the message never holds the password).
     """
-    shown = redact_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        raise InvalidArgumentError("unparsable redis cluster url", shown) from None
-    if parts.scheme.lower() != CLUSTER_SCHEME:
-        raise InvalidArgumentError(f"not a {CLUSTER_SCHEME}:// url", shown)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    user, sep, pw = userinfo.partition(":")
-    nodes = _hosts(hosts, _REDIS_PORT, "cluster node", shown)
+    parts, nodes, user, pw, shown = _multi_host_url(
+        url, CLUSTER_SCHEME, "cluster", "cluster node", _REDIS_PORT
+    )
     if parts.path not in ("", "/", "/0"):
         raise InvalidArgumentError("a cluster url has no path but /0 (one database)", shown)
     if parts.query or parts.fragment:
         raise InvalidArgumentError("a cluster url takes no parameters", shown)
-    return ClusterUrl(
-        tuple(nodes),
-        urllib.parse.unquote(user) if at and user else None,
-        urllib.parse.unquote(pw) if at and sep else None,
-    )
+    return ClusterUrl(tuple(nodes), user, pw)
 
 
 def _first_key(args: tuple[Any, ...]) -> list[Any]:
