@@ -14,13 +14,13 @@ predicate polled against a deadline.
 
 from __future__ import annotations
 
-import array
 import json
-import threading
 import time
 from collections.abc import Callable
 
 import pytest
+from failover_run import KEY as FAILOVER_KEY
+from failover_run import learn_through_a_failover
 from redis_cluster import RedisCluster, requires_redis_cluster
 
 from agentspec.__main__ import main
@@ -33,7 +33,6 @@ from agentspec._fleet.connection import (
     redact_url,
 )
 from agentspec._fleet.follow import FleetFollower
-from agentspec._fleet.ids import fleet_seq_id
 from agentspec._fleet.names import FleetKeys, tenant_acl_rules
 from agentspec._fleet.pub import FleetPublisher
 from agentspec._fleet.scripts import LIBRARY_NAME
@@ -264,27 +263,12 @@ def test_a_tenant_user_cannot_reach_another_tenants_slot(cluster):
 
 # --- a master SIGKILLed, its replica promoted -------------------------------------------
 
-KEY = ("acme", "sql", "plan")
-
-
-def seq(i: int) -> list[int]:
-    return [i % 97, i, i + 1, 7, (i * 31) % 1000]
-
-
-def fid(i: int) -> int:
-    return fleet_seq_id(KEY, f"req-{i}:0", memoryview(array.array("i", seq(i))))
-
-
-def sequences(sub: FleetSubscriber) -> int:
-    shard = sub.stats().shards.get(KEY)
-    return 0 if shard is None else shard.sequences
-
 
 @requires_redis_cluster
 @pytest.mark.slow
 def test_master_sigkilled_mid_run_replica_promoted_and_nothing_is_lost(tmp_path):
     with RedisCluster(masters=3, replicas=1, node_timeout_ms=1000) as c:
-        tenant = KEY[0]
+        tenant = FAILOVER_KEY[0]
         pw = tmp_path / "pw"
         pw.write_text(f"agentspec.{tenant} {PASSWORD}\nagentspec-ro.{tenant} {PASSWORD}\n")
         argv = ["fleet", "setup", "--redis", c.url(), "--tenant", tenant, "--apply"]
@@ -292,45 +276,12 @@ def test_master_sigkilled_mid_run_replica_promoted_and_nothing_is_lost(tmp_path)
         url = user_url(c, tenant)  # a tenant user: it may not load the library
         log = FleetKeys.of(tenant).log
         master = c.master_of(log)
-        options = FleetOptions(url, config=CFG, max_backoff=0.1, close_timeout=0)  # window 3 s
-        sub = FleetSubscriber(url, tenant, config=CFG, block_ms=100, compact_every=50)
-        learned = 0
-        stop = threading.Event()
-        with sub, ShardStore(tmp_path / "store", redis=options, fsync=False) as store:
-            assert store.fleet is not None
+        promoted = []
 
-            def learn() -> None:
-                nonlocal learned
-                while not stop.is_set():
-                    store.learn(KEY, seq(learned), identity=f"req-{learned}:0")
-                    learned += 1
-                    stop.wait(0.004)  # pacing: about 250 sequences a second
+        def fail() -> None:
+            c.kill(master)  # SIGKILL mid-run
+            promoted.append(c.wait_promoted(master, log))
 
-            worker = threading.Thread(target=learn)
-            worker.start()
-            try:
-                assert sub.wait_until(lambda: sequences(sub) >= 200, WAIT), sub.stats().last_error
-                c.kill(master)  # SIGKILL mid-run
-                promoted = c.wait_promoted(master, log)
-                at_switch = learned
-                # Both sides follow the promoted replica: new sequences arrive.
-                assert sub.wait_until(lambda: sequences(sub) >= at_switch + 200, WAIT), (
-                    sub.stats().last_error
-                )
-            finally:
-                stop.set()
-                worker.join()
-            assert store.fleet.flush(WAIT), store.fleet.stats()
-            st = store.fleet.stats()
-            assert (st.pending, st.rejected) == (0, 0)
-            assert st.publisher.failures >= 1  # it did see the master go
-            assert sub.wait_until(lambda: sequences(sub) >= learned, WAIT), sub.stats().last_error
-            tree = sub.tree(KEY)
-            assert tree is not None
-            ids = tree.sequence_ids()
-            assert len(ids) == len(set(ids)) == learned
-            assert set(ids) == {fid(i) for i in range(learned)}
-            assert sub.stats().reconnects >= 1
-            print(f"learned {learned}, at switch {at_switch}, publisher {st.publisher}")
-        with promoted.client() as admin:  # the promoted replica had the library already
+        learn_through_a_failover(tmp_path, url, CFG, fail, compact_every=50)
+        with promoted[0].client() as admin:  # the promoted replica had the library already
             assert len(admin.function_list(library=LIBRARY_NAME)) == 1

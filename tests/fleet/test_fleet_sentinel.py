@@ -12,12 +12,11 @@ predicates with timeouts.
 
 from __future__ import annotations
 
-import array
-import threading
 import time
 from collections.abc import Callable
 
 import pytest
+from failover_run import learn_through_a_failover
 from redis_sentinel import RedisSentinel, requires_redis_sentinel, sentinel_url
 from redis_server import RedisServer, requires_redis_server
 
@@ -28,12 +27,8 @@ from agentspec._fleet.connection import (
     parse_sentinel_url,
     redact_url,
 )
-from agentspec._fleet.ids import fleet_seq_id
 from agentspec._fleet.pub import FleetPublisher
 from agentspec._fleet.stats import PublisherStats
-from agentspec._fleet.sub import FleetSubscriber
-from agentspec._store.fleet_outbox import FleetOptions
-from agentspec._store.store import ShardStore
 from agentspec.exceptions import InvalidArgumentError
 
 TENANT = "acme"
@@ -102,19 +97,6 @@ def test_sentinel_url_passwords_are_redacted():
 # --- a failover --------------------------------------------------------------------
 
 
-def seq(i: int) -> list[int]:
-    return [i % 97, i, i + 1, 7, (i * 31) % 1000]
-
-
-def fid(i: int) -> int:
-    return fleet_seq_id(KEY, f"req-{i}:0", memoryview(array.array("i", seq(i))))
-
-
-def sequences(sub: FleetSubscriber) -> int:
-    shard = sub.stats().shards.get(KEY)
-    return 0 if shard is None else shard.sequences
-
-
 def replica_synced(replica: RedisServer) -> bool:
     return replica.client().info("replication").get("master_link_status") == "up"
 
@@ -168,47 +150,16 @@ def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
 
 def run(tmp_path, url, primary, replica, sentinels) -> PublisherStats:
     """Learn through a store while the primary dies; checks; the publisher's stats."""
-    options = FleetOptions(url, config=CFG, max_backoff=0.1, close_timeout=0)  # durable_after 3
-    sub = FleetSubscriber(url, TENANT, config=CFG, block_ms=100, compact_every=0, max_backoff=0.1)
-    learned = 0
-    stop = threading.Event()
-    with sub, ShardStore(tmp_path / "store", redis=options, fsync=False) as store:
-        assert store.fleet is not None
 
-        def learn() -> None:
-            nonlocal learned
-            while not stop.is_set():
-                store.learn(KEY, seq(learned), identity=f"req-{learned}:0")
-                learned += 1
-                stop.wait(0.004)  # pacing: about 250 sequences a second
+    def fail() -> None:
+        primary.kill()  # SIGKILL mid-run
+        for s in sentinels:
+            assert s.wait_log("+switch-master", WAIT), s.log
+            assert s.master() == ("127.0.0.1", replica.port)
 
-        worker = threading.Thread(target=learn)
-        worker.start()
-        try:
-            assert sub.wait_until(lambda: sequences(sub) >= 200, WAIT), sub.stats()
-            primary.kill()  # SIGKILL mid-run
-            for s in sentinels:
-                assert s.wait_log("+switch-master", WAIT), s.log
-                assert s.master() == ("127.0.0.1", replica.port)
-            at_switch = learned
-            # Both sides follow the new master: new sequences reach the subscriber.
-            assert sub.wait_until(lambda: sequences(sub) >= at_switch + 200, WAIT), sub.stats()
-        finally:
-            stop.set()
-            worker.join()
-        assert store.fleet.flush(WAIT), store.fleet.stats()
-        st = store.fleet.stats()
-        assert (st.pending, st.rejected) == (0, 0)
-        assert st.publisher.failures >= 1  # it did see the primary go
-        assert sub.wait_until(lambda: sequences(sub) >= learned, WAIT), sub.stats()
-        tree = sub.tree(KEY)
-        assert tree is not None
-        ids = tree.sequence_ids()
-        assert len(ids) == len(set(ids)) == learned
-        assert set(ids) == {fid(i) for i in range(learned)}
-        assert sub.stats().reconnects >= 1
-        print(f"learned {learned}, at switch {at_switch}, publisher {st.publisher}")
-        publisher = st.publisher
+    learned, publisher = learn_through_a_failover(
+        tmp_path, url, CFG, fail, compact_every=0, max_backoff=0.1
+    )
     with open_client(url) as c:  # the service's master now is the old replica
         assert c.xlen(f"agentspec:{{{TENANT}}}:log") >= learned
         assert int(c.connection_pool.get_master_address()[1]) == replica.port
