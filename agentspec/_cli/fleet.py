@@ -207,17 +207,27 @@ def _access_hint(message: str) -> str | None:
     return None
 
 
-def run_status(args: argparse.Namespace) -> int:
-    """``agentspec fleet status``."""
+def _redis_url(args: argparse.Namespace) -> str:
+    """The Redis URL from ``--redis``, ``--redis-file`` or the environment.
+
+    Raises:
+        RedisUrlError: none given, or one that cannot be used.
+    """
     resolved = secrets_source.from_args(args)
     if resolved is None:
         raise RedisUrlError(
             f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
             f"${REDIS_URL_FILE_ENV})"
         )
+    return resolved.url
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``agentspec fleet status``."""
+    url = _redis_url(args)
     tenants = list(dict.fromkeys(args.tenant or ["default"]))
     try:
-        status = fleet_status(resolved.url, tenants, args.timeout)
+        status = fleet_status(url, tenants, args.timeout)
     except AgentSpecError as e:
         hint = _access_hint(str(e))
         if hint is None:
@@ -287,13 +297,7 @@ def run_setup(args: argparse.Namespace) -> int:
     from agentspec._fleet.scripts import LIBRARY_NAME
     from agentspec.exceptions import AgentSpecError
 
-    resolved = secrets_source.from_args(args)
-    if resolved is None:
-        raise RedisUrlError(
-            f"give --redis-file PATH or --redis URL (or set ${REDIS_URL_ENV} or "
-            f"${REDIS_URL_FILE_ENV})"
-        )
-    url = resolved.url
+    url = _redis_url(args)
     cluster = url.lower().startswith(CLUSTER_SCHEME + ":")
     users = _users(list(dict.fromkeys(args.tenant or [])), cluster)
     passwords: dict[str, str] = {}
