@@ -122,7 +122,9 @@ class FleetFollower:
         return member
 
     def _member(self, tenant: str) -> FleetSubscriber:
-        return FleetSubscriber(self._url, tenant, start=False, **self._options)
+        member = FleetSubscriber(self._url, tenant, start=False, **self._options)
+        member._driven = True
+        return member
 
     def tree(self, key: object) -> SuffixTree | None:
         """The current tree of a shard key (None: none, or its tenant is not followed)."""

@@ -142,6 +142,7 @@ class FleetSubscriber:
         self._dropped: dict[str, StreamId] = {}  # evicted since the last round: name -> id
         self._repair = False  # the last load found damage: the next round cleans the index
         self._kicked = False  # resumed: read before waiting
+        self._driven = False  # a FleetFollower's member: its own thread never starts
         self._max_backoff = max_backoff
         self._name = name
         self._heartbeat_s = heartbeat_s
@@ -195,7 +196,13 @@ class FleetSubscriber:
         return self._keys.tenant
 
     def start(self) -> None:
-        """Start the background thread (once)."""
+        """Start the background thread (once).
+
+        Raises:
+            InvalidArgumentError: a `FleetFollower` drives this subscriber.
+        """
+        if self._driven:
+            raise InvalidArgumentError("a FleetFollower drives this subscriber; it has no thread")
         self._thread.start()
 
     def tree(self, key: object) -> SuffixTree | None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from redis_server import RedisServer, requires_redis_server
 
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.follow import FleetFollower
 from agentspec._fleet.pub import FleetPublisher
 from agentspec._fleet.sub import FleetSubscriber
+from agentspec.exceptions import InvalidArgumentError
 
 pytestmark = requires_redis_server
 
@@ -83,6 +85,8 @@ def test_members_pause_resume_compact_and_reconnect_after_a_restart():
         ) as f,
     ):
         a, b = f.subscriber("a"), f.subscriber("b")
+        with pytest.raises(InvalidArgumentError, match="FleetFollower drives"):
+            a.start()  # a member has no thread of its own
         pub.publish(("a", "p", "s"), [1, 2, 3], "r1")
         assert pub.flush(WAIT)
         assert a.wait_for(pub.last_id, WAIT)
