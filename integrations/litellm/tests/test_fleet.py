@@ -315,7 +315,7 @@ def test_the_password_is_never_shown(
         # a password Redis refuses: the publisher's error, kept and logged, is scrubbed
         wrong = srv.url_for("proxy", PASSWORD + "-wrong", tcp=True)
         monkeypatch.setenv(REDIS_URL_ENV, wrong)
-        refusal = LogEvent("publisher cannot reach redis")
+        refusal = LogEvent("publisher cannot write to redis now")
         logging.getLogger("agentspec").addHandler(refusal)
         denied = AgentSpecHook({"store": str(tmp_path / "u"), "push": []})
         try:
