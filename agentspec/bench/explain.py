@@ -445,6 +445,10 @@ def render_table(results: dict[str, Any]) -> str:
             f"({_pct(t['win_share'])} of steps), {t['lost_tokens']:,} tokens lost "
             f"({t['wall_s']:.1f} s)"
         )
+        out.append(
+            f"   accepted draft tokens: ours {t['accepted']:,}, the oracle's at the same "
+            f"positions {t['oracle_accepted_at_our_steps']:,}"
+        )
         head = f"{'class / detail':<34} {'steps':>9} {'% wins':>7} {'lost tok':>10} {'% lost':>7}"
         out.append(head)
         out.append("-" * len(head))

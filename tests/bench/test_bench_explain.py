@@ -170,7 +170,8 @@ def test_real_slice_cli_json_and_replay_agree(tmp_path, capsys):
     assert 0 < t["wins"] <= t["steps"]
     assert t["wins"] == sum(c["steps"] for c in t["classes"])
     assert t["lost_tokens"] == sum(c["lost_tokens"] for c in t["classes"])
-    assert t["oracle_accepted_at_our_steps"] - t["accepted"] >= t["lost_tokens"] > 0
+    # the oracle never accepts less than we do, so the losses are the whole gap
+    assert t["oracle_accepted_at_our_steps"] - t["accepted"] == t["lost_tokens"] > 0
     by = {c["class"]: c for c in t["classes"]}
     assert by["nowhere"]["steps"] == 0  # one pipeline per file: the oracle's data is ours
     # The drafter is exactly `bench replay`'s stage-shards method.
