@@ -120,6 +120,13 @@ class _ClassAcc:
     detail_lost: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass
+class _StageAcc:
+    steps: int = 0
+    wins: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+
+
 def _longest_suffix(count: Callable[[list[int]], int], tail: list[int], cont: list[int]) -> int:
     """Largest ``p`` in ``[1, len(tail)]`` with ``count(tail[-p:] + cont) > 0`` (0: none).
 
@@ -171,6 +178,7 @@ class _Explainer:
         self.tokens = 0
         self.wins = 0
         self.oracle_accepted = 0
+        self.stages: dict[str, _StageAcc] = {}
 
     # --- the mirror of the per-request tree ---------------------------------
 
@@ -230,6 +238,7 @@ class _Explainer:
             self._start_local(prompt)
             ptail: list[int] = prompt[-self.depth :].tolist()
             trees = self._trees(i, req.stage, req.workload)
+            st = self.stages.setdefault(req.stage, _StageAcc())
             pos = 0
             while pos < n:
                 d, source = spec.draft_source(i)
@@ -245,6 +254,8 @@ class _Explainer:
                         tail = ptail[max(0, len(ptail) - (self.depth - pos)) :] + resp[:pos]
                     cls, detail = self._classify(trees, tail, truth, toks, d.match_len, source, a)
                     self._record(i, pos, a, ora, cls, detail)
+                    st.lost[cls] += ora - a
+                    st.wins[cls] += 1
                 step = advance(a, n - pos)
                 chunk = resp[pos : pos + step]
                 spec.extend(i, chunk)
@@ -252,6 +263,7 @@ class _Explainer:
                 self.local.append(_LOCAL_SEQ, chunk)
                 pos += step
                 self.steps += 1
+                st.steps += 1
                 self.accepted += a
             spec.finish(i, learn=True)
             oracle.finish()
@@ -391,6 +403,15 @@ class _Explainer:
             "win_share": wins / steps if steps else None,
             "lost_tokens": lost,
             "classes": out_classes,
+            "per_stage": {
+                stage: {
+                    "steps": a.steps,
+                    "wins": sum(a.wins.values()),
+                    "lost_tokens": sum(a.lost.values()),
+                    "classes": {c: {"steps": a.wins[c], "lost_tokens": a.lost[c]} for c in CLASSES},
+                }
+                for stage, a in self.stages.items()
+            },
         }
 
 
@@ -466,8 +487,31 @@ def render_table(results: dict[str, Any]) -> str:
                     f"  {d['detail']:<32} {d['steps']:>9,} {_pct(sw):>7} "
                     f"{d['lost_tokens']:>10,} {_pct(sl):>7}"
                 )
+        if len(t["per_stage"]) > 1:
+            out.append("")
+            out.append(_stage_table(t["per_stage"]))
         out.append("")
     return "\n".join(out)
+
+
+def _stage_table(per_stage: dict[str, Any]) -> str:
+    """Per stage: steps, wins, tokens lost, and each class's share of the tokens lost."""
+    short = ["branch", "short", "long", "stopped", "prompt", "unanch.", "nowhere"]
+    head = f"{'stage':<16} {'steps':>8} {'wins':>8} {'lost tok':>9}  " + " ".join(
+        f"{h:>7}" for h in short
+    )
+    lines = [head, "-" * len(head)]
+    for stage, a in per_stage.items():
+        lost = a["lost_tokens"]
+        cells = " ".join(
+            f"{_pct(a['classes'][c]['lost_tokens'] / lost if lost else None):>7}" for c in CLASSES
+        )
+        lines.append(f"{stage:<16} {a['steps']:>8,} {a['wins']:>8,} {lost:>9,}  {cells}")
+    lines.append(
+        "(after 'lost tok': each class's share of the stage's tokens lost: other-branch, "
+        "match-too-short, match-too-long, stopped-early, prompt-only, unanchored, nowhere)"
+    )
+    return "\n".join(lines)
 
 
 def _no_plots(results: dict[str, Any], out_dir: Path) -> tuple[list[Path], str | None]:

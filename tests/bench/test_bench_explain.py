@@ -172,6 +172,15 @@ def test_real_slice_cli_json_and_replay_agree(tmp_path, capsys):
     assert t["lost_tokens"] == sum(c["lost_tokens"] for c in t["classes"])
     # the oracle never accepts less than we do, so the losses are the whole gap
     assert t["oracle_accepted_at_our_steps"] - t["accepted"] == t["lost_tokens"] > 0
+    per_stage = t["per_stage"]
+    assert set(per_stage) == {"sql-dailsql", "sql-c3", "sql-dinsql"}
+    assert sum(st["steps"] for st in per_stage.values()) == t["steps"]
+    for c in t["classes"]:
+        assert sum(st["classes"][c["class"]]["steps"] for st in per_stage.values()) == c["steps"]
+        assert (
+            sum(st["classes"][c["class"]]["lost_tokens"] for st in per_stage.values())
+            == c["lost_tokens"]
+        )
     by = {c["class"]: c for c in t["classes"]}
     assert by["nowhere"]["steps"] == 0  # one pipeline per file: the oracle's data is ours
     # The drafter is exactly `bench replay`'s stage-shards method.
