@@ -24,13 +24,14 @@ of ``m`` tokens can draft at most ``depth - m``):
 2. ``match-too-short``: as 1, and drafting with a longer suffix (one that ``T``
    also follows) from a tree holding the truth, alone under the same params,
    would have got more accepted: a shorter, better-scoring but ambiguous
-   match won.  Detail: source pair.
+   match won.  Detail: source pair; what that draft adds is recoverable.
 3. ``match-too-long``: our draft went wrong, and ``T`` follows only suffixes
    of the context shorter than ``m`` in every tree.  Detail: source pair.
 4. ``stopped-early``: our draft was a prefix of the truth (possibly empty)
    but stopped before ``L``.  Detail, the limit that stopped it: ``budget``
    (``alpha * m``; "more was right" when the same tree and match, drafting
-   up to ``max_spec_tokens``, would have got more accepted), ``depth``
+   up to ``max_spec_tokens``, would have got more accepted: the tokens it
+   adds are reported as recoverable), ``depth``
    (``m`` + draft reached the tree depth),
    ``min-prob`` (the path probability fell below the minimum), or
    ``branch-end`` (the drafting tree has nothing after the draft).
@@ -118,6 +119,7 @@ class _ClassAcc:
     lost: int = 0
     details: Counter[str] = field(default_factory=Counter)
     detail_lost: Counter[str] = field(default_factory=Counter)
+    detail_gain: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -179,6 +181,7 @@ class _Explainer:
         self.wins = 0
         self.oracle_accepted = 0
         self.stages: dict[str, _StageAcc] = {}
+        self._gain = 0  # tokens the alternative draft of the last win would have added
 
     # --- the mirror of the per-request tree ---------------------------------
 
@@ -252,6 +255,7 @@ class _Explainer:
                         tail = resp[pos - self.depth : pos]
                     else:
                         tail = ptail[max(0, len(ptail) - (self.depth - pos)) :] + resp[:pos]
+                    self._gain = 0
                     cls, detail = self._classify(trees, tail, truth, toks, d.match_len, source, a)
                     self._record(i, pos, a, ora, cls, detail)
                     st.lost[cls] += ora - a
@@ -285,6 +289,7 @@ class _Explainer:
         acc.lost += ora - a
         acc.details[detail] += 1
         acc.detail_lost[detail] += ora - a
+        acc.detail_gain[detail] += self._gain
         self.wins += 1
         if self.steps_out is not None:
             self.steps_out.append(StepRecord(rid, pos, a, ora, cls, detail))
@@ -322,7 +327,9 @@ class _Explainer:
                         tree = dict(trees)[name]
                         for p in range(r, m, -1):
                             got = tree.draft(tail, self._pattern(p)).token_ids
-                            if accept_linear(got, truth, 0) > a:
+                            better = accept_linear(got, truth, 0)
+                            if better > a:
+                                self._gain = better - a
                                 return "match-too-short", f"{source} -> {name}"
                 return "other-branch", f"{source} -> {holder}"
             if best_reach >= 1:
@@ -357,7 +364,9 @@ class _Explainer:
         if n >= self._budget(m):
             if tree is not None:
                 longer = tree.draft(tail, self._pattern(m, alpha=float(self.k))).token_ids
-                if accept_linear(longer, truth, 0) > n:
+                more = accept_linear(longer, truth, 0)
+                if more > n:
+                    self._gain = more - n
                     return "budget, more was right"
             return "budget, more was wrong"
         if m + n >= self.depth:
@@ -388,7 +397,12 @@ class _Explainer:
                     "lost_tokens": c.lost,
                     "share_of_lost": c.lost / lost if lost else None,
                     "details": [
-                        {"detail": d, "steps": s, "lost_tokens": c.detail_lost[d]}
+                        {
+                            "detail": d,
+                            "steps": s,
+                            "lost_tokens": c.detail_lost[d],
+                            "recoverable_tokens": c.detail_gain[d],
+                        }
                         for d, s in sorted(c.details.items(), key=lambda kv: (-kv[1], kv[0]))
                     ],
                 }
@@ -470,7 +484,10 @@ def render_table(results: dict[str, Any]) -> str:
             f"   accepted draft tokens: ours {t['accepted']:,}, the oracle's at the same "
             f"positions {t['oracle_accepted_at_our_steps']:,}"
         )
-        head = f"{'class / detail':<34} {'steps':>9} {'% wins':>7} {'lost tok':>10} {'% lost':>7}"
+        head = (
+            f"{'class / detail':<34} {'steps':>9} {'% wins':>7} {'lost tok':>10} {'% lost':>7}"
+            f" {'recoverable':>11}"
+        )
         out.append(head)
         out.append("-" * len(head))
         for c in t["classes"]:
@@ -486,7 +503,12 @@ def render_table(results: dict[str, Any]) -> str:
                 out.append(
                     f"  {d['detail']:<32} {d['steps']:>9,} {_pct(sw):>7} "
                     f"{d['lost_tokens']:>10,} {_pct(sl):>7}"
+                    + (f" {d['recoverable_tokens']:>11,}" if d["recoverable_tokens"] else "")
                 )
+        out.append(
+            "(recoverable: tokens the alternative draft, a longer budget or a longer match "
+            "from the same tree, would have added at those steps)"
+        )
         if len(t["per_stage"]) > 1:
             out.append("")
             out.append(_stage_table(t["per_stage"]))
