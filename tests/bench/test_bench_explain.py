@@ -43,10 +43,19 @@ def _requests(turns: Sequence[Turn]) -> tuple[Request, ...]:
     return tuple(out)
 
 
-def _explain(warm: Sequence[Turn], test: Sequence[Turn]) -> list[tuple[int, int, int, str, str]]:
+def _run(warm: Sequence[Turn], test: Sequence[Turn]) -> dict:
     reqs = _requests(test)
     trace = TraceData(Path("synthetic"), "synthetic", "w", len(reqs), reqs, 0.0)
-    res = explain_trace(trace, CFG, warmup=_requests(warm), keep_steps=True)
+    return explain_trace(trace, CFG, warmup=_requests(warm), keep_steps=True)
+
+
+def _recoverable(res: dict, cls: str) -> dict[str, int]:
+    (c,) = [c for c in res["classes"] if c["class"] == cls]
+    return {d["detail"]: d["recoverable_tokens"] for d in c["details"]}
+
+
+def _explain(warm: Sequence[Turn], test: Sequence[Turn]) -> list[tuple[int, int, int, str, str]]:
+    res = _run(warm, test)
     wins = res["wins_list"]
     # the summary partitions the wins: steps and tokens lost add up per class and detail
     assert res["wins"] == len(wins) == sum(c["steps"] for c in res["classes"])
@@ -66,6 +75,10 @@ def test_stopped_early_budget():
     assert _explain([(P, resp)], [(P, resp)]) == [
         (0, 8, 10, "stopped-early", "budget, more was right")
     ]
+    # drafting 32 from the same match gets all 10: 2 more
+    assert _recoverable(_run([(P, resp)], [(P, resp)]), "stopped-early") == {
+        "budget, more was right": 2
+    }
 
 
 def test_stopped_early_min_prob():
@@ -102,6 +115,9 @@ def test_match_too_short():
     wrong = list(range(40, 48))
     warm = [(pa, [30, 31, 32]), (pb, wrong), (pb, wrong)]
     assert _explain(warm, [(pa, [30, 31, 32])]) == [(0, 0, 3, "match-too-short", "stage -> stage")]
+    assert _recoverable(_run(warm, [(pa, [30, 31, 32])]), "match-too-short") == {
+        "stage -> stage": 3
+    }
 
 
 def test_match_too_long():
