@@ -16,6 +16,9 @@ Subcommands:
 - ``agentspec bench calibration TRACES...``: predicted vs observed acceptance
   of draft tokens per probability bucket, raw and corrected online
   (`agentspec.bench.calibration`);
+- ``agentspec bench explain TRACES...``: every step where the copy oracle
+  accepts more than the default drafter, classified by why
+  (`agentspec.bench.explain`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec._cli.shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agentspec._cli import push as cli_push
     from agentspec._cli import shards as cli_shards
     from agentspec._cli import vllm as cli_vllm
-    from agentspec.bench import budget, calibration, entropy, replay
+    from agentspec.bench import budget, calibration, entropy, explain, replay
     from agentspec.bench import fleet as bench_fleet
 
     parser = argparse.ArgumentParser(
@@ -143,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibration.add_arguments(cp)
     cp.set_defaults(func=calibration.run_cli)
+    xp = bsub.add_parser(
+        "explain",
+        help="why the copy oracle accepts more than the default drafter, per class",
+        description=doc_description(explain.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_arguments(xp)
+    xp.set_defaults(func=explain.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
     shards = sub.add_parser(
         "shards",

@@ -8,6 +8,9 @@
   the next-token distributions of each stage's responses.
 - `agentspec.bench.budget`: MAT against draft budget (a grid of alpha and min
   prob per method), methods compared at equal drafted tokens per step.
+- `agentspec.bench.explain`: why the copy oracle accepts more than the default
+  drafter, step by step, in classes (other branch, match length, stopped early,
+  prompt only, unanchored, nowhere).
 - `agentspec.bench.verifier`, `agentspec.bench.ngram`, `agentspec.bench.oracle`:
   the building blocks (greedy acceptance, vLLM's n-gram proposer, the ceiling).
 
