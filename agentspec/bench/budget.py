@@ -33,6 +33,7 @@ from agentspec.bench.replay import (
     ReplayConfig,
     _table,
     add_common_arguments,
+    add_trace_arguments,
     check_inputs,
     cli_log,
     load_tokenizer,
@@ -336,7 +337,7 @@ def _budget_cell(row: dict[str, Any], points: Sequence[dict[str, Any]]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench budget`` options to ``p``."""
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
+    add_trace_arguments(p)
     p.add_argument(
         "--methods",
         default=",".join(DEFAULT_METHODS),
@@ -358,9 +359,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--target", type=float, default=1.10, help="MAT ratio to find budgets for (default 1.10)"
-    )
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
     )
     add_common_arguments(p, budget_rule=False)
 

@@ -36,6 +36,7 @@ from agentspec.bench.replay import (
     ReplayConfig,
     TraceData,
     add_common_arguments,
+    add_trace_arguments,
     check_inputs,
     cli_log,
     load_tokenizer,
@@ -282,10 +283,7 @@ def run(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench calibration`` options to ``p``."""
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
-    )
+    add_trace_arguments(p)
     p.add_argument("--buckets", type=int, default=10, help="probability buckets (default 10)")
     p.add_argument(
         "--prior",

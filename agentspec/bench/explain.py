@@ -68,6 +68,7 @@ from agentspec.bench.replay import (
     Request,
     TraceData,
     add_common_arguments,
+    add_trace_arguments,
     check_inputs,
     cli_log,
     load_tokenizer,
@@ -576,16 +577,7 @@ def run(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench explain`` options to ``p``."""
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
-    )
-    p.add_argument(
-        "--warmup-from",
-        type=Path,
-        default=None,
-        help="learn all responses of this trace file before each replay (offline warm-up)",
-    )
+    add_trace_arguments(p, warmup=True)
     add_common_arguments(p)
 
 

@@ -1168,23 +1168,29 @@ def add_common_arguments(p: argparse.ArgumentParser, *, budget_rule: bool = True
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
 
 
+def add_trace_arguments(p: argparse.ArgumentParser, *, warmup: bool = False) -> None:
+    """The trace files, ``--max-sessions`` and (with ``warmup``) ``--warmup-from``."""
+    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
+    p.add_argument(
+        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
+    )
+    if warmup:
+        p.add_argument(
+            "--warmup-from",
+            type=Path,
+            default=None,
+            help="learn all responses of this trace file before each replay (offline warm-up)",
+        )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench replay`` options to ``p``."""
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
+    add_trace_arguments(p, warmup=True)
     p.add_argument(
         "--methods",
         default=",".join(METHODS),
         help=f"comma-separated methods (default: all): {', '.join(METHODS)}; "
         "the oracle always runs",
-    )
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
-    )
-    p.add_argument(
-        "--warmup-from",
-        type=Path,
-        default=None,
-        help="learn all responses of this trace file before each replay (offline warm-up)",
     )
     add_common_arguments(p)
 
