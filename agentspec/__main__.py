@@ -106,54 +106,43 @@ def build_parser() -> argparse.ArgumentParser:
         description="Offline benchmarks of drafting methods on recorded traces.",
     )
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
-    rp = bsub.add_parser(
-        "replay",
-        help="replay traces through a simulated greedy verifier",
-        description=doc_description(replay.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    benchmarks = (
+        ("replay", replay, "replay traces through a simulated greedy verifier"),
+        (
+            "entropy",
+            entropy,
+            "count-weighted next-token entropy per stage (is the workload predictable?)",
+        ),
+        (
+            "budget",
+            budget,
+            "MAT against draft budget; methods compared at equal drafted tokens per step",
+        ),
+        (
+            "fleet",
+            bench_fleet,
+            "MAT at 1..N replicas: isolated per-replica trees vs fleet-synced shards",
+        ),
+        (
+            "calibration",
+            calibration,
+            "predicted vs observed acceptance of draft tokens, raw and corrected online",
+        ),
+        (
+            "explain",
+            explain,
+            "why the copy oracle accepts more than the default drafter, per class",
+        ),
     )
-    replay.add_arguments(rp)
-    rp.set_defaults(func=replay.run_cli)
-    ep = bsub.add_parser(
-        "entropy",
-        help="count-weighted next-token entropy per stage (is the workload predictable?)",
-        description=doc_description(entropy.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    entropy.add_arguments(ep)
-    ep.set_defaults(func=entropy.run_cli)
-    bp = bsub.add_parser(
-        "budget",
-        help="MAT against draft budget; methods compared at equal drafted tokens per step",
-        description=doc_description(budget.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    budget.add_arguments(bp)
-    bp.set_defaults(func=budget.run_cli)
-    fp = bsub.add_parser(
-        "fleet",
-        help="MAT at 1..N replicas: isolated per-replica trees vs fleet-synced shards",
-        description=doc_description(bench_fleet.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    bench_fleet.add_arguments(fp)
-    fp.set_defaults(func=bench_fleet.run_cli)
-    cp = bsub.add_parser(
-        "calibration",
-        help="predicted vs observed acceptance of draft tokens, raw and corrected online",
-        description=doc_description(calibration.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    calibration.add_arguments(cp)
-    cp.set_defaults(func=calibration.run_cli)
-    xp = bsub.add_parser(
-        "explain",
-        help="why the copy oracle accepts more than the default drafter, per class",
-        description=doc_description(explain.__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    explain.add_arguments(xp)
-    xp.set_defaults(func=explain.run_cli)
+    for name, module, help_text in benchmarks:
+        bp = bsub.add_parser(
+            name,
+            help=help_text,
+            description=doc_description(module.__doc__),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(bp)
+        bp.set_defaults(func=module.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
     shards = sub.add_parser(
         "shards",
