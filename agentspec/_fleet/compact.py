@@ -23,7 +23,6 @@ reads) costs what changed since the last round, not the number of shards:
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,12 +34,10 @@ from agentspec._core.shardkey import key_json
 from agentspec._fleet.entry import parse_key_json
 from agentspec._fleet.functions import fcall
 from agentspec._fleet.ids import StreamId, format_id, parse_id
-from agentspec._fleet.names import FleetKeys, shard_name
+from agentspec._fleet.names import FleetKeys, is_shard_name, shard_name
 from agentspec._fleet.shard import FleetShard
 
 __all__ = ["CompactionResult", "compact"]
-
-_NAME = re.compile(rb"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +143,7 @@ def _drop_damaged(client: redis.Redis, keys: FleetKeys, held: set[str]) -> None:
     except redis.ResponseError:  # not a hash: damaged beyond use; puts write a new one
         client.delete(keys.index)
         return
-    names = {n for n in index if not _NAME.fullmatch(n)}
+    names = {n for n in index if not is_shard_name(n)}
     for raw in index:
         name = raw.decode("latin-1")
         if raw in names or name in held:
@@ -160,5 +157,5 @@ def _drop_damaged(client: redis.Redis, keys: FleetKeys, held: set[str]) -> None:
             names.add(raw)
     for raw in names:
         client.hdel(keys.index, raw)
-        if _NAME.fullmatch(raw):
+        if is_shard_name(raw):
             client.delete(keys.snap(raw.decode()))

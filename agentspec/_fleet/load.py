@@ -21,7 +21,6 @@ re-seed mark (see `FleetSubscriber`): a subscriber reloads when it changes.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -31,7 +30,7 @@ from agentspec._core.shardkey import ShardKey
 from agentspec._fleet.connection import hash_reply
 from agentspec._fleet.entry import parse_key_json
 from agentspec._fleet.ids import ZERO, StreamId, parse_id
-from agentspec._fleet.names import FleetKeys, shard_name
+from agentspec._fleet.names import FleetKeys, is_shard_name, shard_name
 from agentspec._fleet.shard import FleetShard
 from agentspec._util.log import get_logger
 from agentspec.exceptions import AgentSpecError
@@ -49,9 +48,6 @@ class LoadedState:
     position: StreamId = ZERO
     bad_snapshots: int = 0
     epoch: bytes | None = None
-
-
-_NAME = re.compile(rb"[0-9a-f]{32}")
 
 
 def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedState:
@@ -75,7 +71,7 @@ def load_snapshots(client: redis.Redis, keys: FleetKeys, depth: int) -> LoadedSt
         low = None
     covered_ids: list[StreamId] = []
     for raw_name in sorted(index):
-        if not _NAME.fullmatch(raw_name):
+        if not is_shard_name(raw_name):
             state.bad_snapshots += 1
             _log.warning("agentspec fleet: index entry with a bad shard name skipped")
             continue

@@ -39,6 +39,7 @@ from agentspec._core.shardkey import ShardKey, check_tenant, key_json
 __all__ = [
     "FleetKeys",
     "encode_tenant",
+    "is_shard_name",
     "shard_name",
     "tenant_acl_pattern",
     "tenant_acl_rules",
@@ -46,6 +47,7 @@ __all__ = [
 
 ROOT = "agentspec"
 _PLAIN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_SHARD_NAME = re.compile(rb"[0-9a-f]{32}")
 
 
 def encode_tenant(tenant: str) -> str:
@@ -126,6 +128,11 @@ def tenant_acl_rules(tenant: str, *, read_only: bool = False, cluster: bool = Fa
 def shard_name(key: ShardKey) -> str:
     """A shard's name in key names: 32 hex digits of the SHA-256 of its key JSON."""
     return hashlib.sha256(key_json(key)).hexdigest()[:32]
+
+
+def is_shard_name(raw: bytes) -> bool:
+    """Whether ``raw`` (as Redis returns it) has the form of a `shard_name`."""
+    return _SHARD_NAME.fullmatch(raw) is not None
 
 
 @dataclass(frozen=True, slots=True)
