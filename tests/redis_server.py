@@ -29,7 +29,9 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -50,6 +52,16 @@ requires_redis_server = pytest.mark.skipif(
 )
 
 _READY = "ready to accept connections"
+
+
+def eventually(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (state with no event to wait on)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
 
 
 def _free_port() -> int:

@@ -15,13 +15,12 @@ predicate polled against a deadline.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 
 import pytest
 from failover_run import KEY as FAILOVER_KEY
 from failover_run import learn_through_a_failover
 from redis_cluster import RedisCluster, requires_redis_cluster
+from redis_server import eventually
 
 from agentspec.__main__ import main
 from agentspec._fleet.config import FleetConfig
@@ -44,16 +43,6 @@ from agentspec.exceptions import InvalidArgumentError
 CFG = FleetConfig(max_depth=16, max_shard_tokens=None)
 WAIT = 60.0
 PASSWORD = "cl-s3cret"
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 # --- URLs ---------------------------------------------------------------------------
@@ -185,7 +174,7 @@ def test_tenants_publish_subscribe_compact_and_trim_on_their_own_masters(cluster
             keys = FleetKeys.of(t)
             # Compaction rounds trimmed the stream behind the snapshots.
             assert s.wait_until(lambda s=s: s.stats().compactions >= 2, WAIT), s.stats()
-            assert eventually(lambda keys=keys: admin.hget(keys.meta, "trimmed") is not None)
+            assert eventually(lambda keys=keys: admin.hget(keys.meta, "trimmed") is not None, WAIT)
             assert admin.xlen(keys.log) < n
         # `agentspec fleet status` on the cluster, as a tenant's user.
         capsys.readouterr()

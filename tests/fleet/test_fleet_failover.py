@@ -15,12 +15,10 @@ send.  Waits are predicates with timeouts.
 from __future__ import annotations
 
 import array
-import time
-from collections.abc import Callable
 
 import pytest
 import redis
-from redis_server import RedisServer, requires_redis_server
+from redis_server import RedisServer, eventually, requires_redis_server
 
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.connection import TRANSIENT_CODES, is_transient
@@ -36,16 +34,6 @@ KEYS = FleetKeys.of(TENANT)
 KEY = (TENANT, "sql", "plan")
 CFG = FleetConfig(max_depth=16, max_shard_tokens=None)
 WAIT = 30.0
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def seq(i: int) -> list[int]:
@@ -135,12 +123,12 @@ def test_publisher_on_a_replica_keeps_everything_until_it_is_promoted(pair, conf
     primary, replica = pair
     if config_first:  # the replica then has the config: READONLY comes from the XADD script
         primary.client().hset(KEYS.meta, mapping=CFG.encode())
-        assert eventually(lambda: replica.client().hget(KEYS.meta, "depth") is not None)
+        assert eventually(lambda: replica.client().hget(KEYS.meta, "depth") is not None, WAIT)
     rejected: list[object] = []
     with publisher(replica.url, on_rejected=rejected.append) as pub:
         for i in range(10):
             assert pub.publish(KEY, seq(i), f"req-{i}:0") is PublishStatus.QUEUED
-        assert eventually(lambda: pub.stats().failures >= 2), pub.stats()
+        assert eventually(lambda: pub.stats().failures >= 2, WAIT), pub.stats()
         st = pub.stats()
         assert "READONLY" in (st.last_error or "") or "read only" in (st.last_error or "")
         assert (st.pending, st.published, st.rejected, rejected) == (10, 0, 0, [])
@@ -168,13 +156,13 @@ def test_store_outbox_on_a_replica_publishes_every_learned_sequence_once(pair, t
     with ShardStore(path, redis=options, fsync=False) as st:
         for i in range(5):
             st.learn(KEY, seq(i), identity=f"req-{i}:0")
-        assert eventually(lambda: refused(st)), st.fleet.stats() if st.fleet else None
+        assert eventually(lambda: refused(st), WAIT), st.fleet.stats() if st.fleet else None
         s = st.fleet.stats() if st.fleet else None
         assert s is not None
         assert (s.rejected, s.settled, s.publisher.rejected) == (0, 0, 0)
         assert "read only" in (s.publisher.last_error or "")
     with ShardStore(path, redis=options, fsync=False) as st:  # reopened, still refused
-        assert eventually(lambda: refused(st))
+        assert eventually(lambda: refused(st), WAIT)
     assert replica.client().xlen(KEYS.log) == 0
     replica.client().replicaof("NO", "ONE")
     with ShardStore(path, redis=options, fsync=False) as st:
@@ -194,8 +182,8 @@ def test_noreplicas_keeps_entries_until_writes_are_allowed():
         with publisher(server.url) as pub:
             for i in range(10):
                 pub.publish(KEY, seq(i), f"req-{i}:0")
-            assert eventually(lambda: "NOREPLICAS" in (pub.stats().last_error or ""))
-            assert eventually(lambda: pub.stats().failures >= 2)
+            assert eventually(lambda: "NOREPLICAS" in (pub.stats().last_error or ""), WAIT)
+            assert eventually(lambda: pub.stats().failures >= 2, WAIT)
             st = pub.stats()
             assert (st.pending, st.published, st.rejected) == (10, 0, 0)
             server.client().config_set("min-replicas-to-write", 0)
@@ -213,10 +201,10 @@ def test_a_rejection_sets_last_error_and_a_good_send_clears_it():
         rejected: list[object] = []
         with publisher(server.url, on_rejected=rejected.append) as pub:
             pub.publish(("bad", "p", None), [1, 2, 3], "r1")
-            assert eventually(lambda: pub.stats().rejected == 1)
+            assert eventually(lambda: pub.stats().rejected == 1, WAIT)
             assert "WRONGTYPE" in (pub.stats().last_error or "")
             assert len(rejected) == 1
             pub.publish(KEY, seq(1), "req-1:0")
             assert pub.flush(WAIT)
-            assert eventually(lambda: pub.stats().last_error is None), pub.stats()
+            assert eventually(lambda: pub.stats().last_error is None, WAIT), pub.stats()
             assert pub.stats().published == 1

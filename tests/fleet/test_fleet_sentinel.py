@@ -12,13 +12,10 @@ predicates with timeouts.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import pytest
 from failover_run import learn_through_a_failover
 from redis_sentinel import RedisSentinel, requires_redis_sentinel, sentinel_url
-from redis_server import RedisServer, requires_redis_server
+from redis_server import RedisServer, eventually, requires_redis_server
 
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.connection import (
@@ -125,7 +122,7 @@ def test_primary_sigkilled_mid_run_sentinel_promotes_and_nothing_is_lost(tmp_pat
                 assert s.wait_log(f"+slave slave 127.0.0.1:{replica.port}", WAIT), s.log
                 assert s.wait_log("+sentinel sentinel", WAIT), s.log
             if synced:
-                assert eventually(lambda: replica_synced(replica))
+                assert eventually(lambda: replica_synced(replica), WAIT)
             else:
                 assert not replica_synced(replica)
             dead = RedisSentinel(primary.port)  # never started: a sentinel that is down
@@ -136,16 +133,6 @@ def test_primary_sigkilled_mid_run_sentinel_promotes_and_nothing_is_lost(tmp_pat
                 assert stats.lost > 0  # the window found them missing and resent them
     finally:
         primary.__exit__(None, None, None)  # stopped if alive, directory removed
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def run(tmp_path, url, primary, replica, sentinels) -> PublisherStats:
