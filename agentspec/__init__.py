@@ -10,7 +10,8 @@ Main entry points:
   snapshots and deltas serialise it.
 - `Cursor`: one request's context and per-request tree; drafts incrementally.
 - `BatchDrafter` / `draft_batch`: one native call per decode step for a batch.
-- `DraftParams` / `Draft`: drafting parameters and results.
+- `DraftParams` / `Draft`: drafting parameters and results;
+  `DraftParams.confident()` is the default policy, `confidence_table` its table.
 - `Speculator`: stage shards (one tree per pipeline stage) plus per-request
   trees, learned online from finished responses.
 - `GoodputController`: cuts each step's drafts to what pays, from calibrated
@@ -35,7 +36,7 @@ from agentspec import exceptions
 from agentspec._client.tags import Tags, current_tags, session, stage
 from agentspec._core.batch import BatchDrafter, draft_batch
 from agentspec._core.cursor import Cursor
-from agentspec._core.draft import Draft, DraftParams
+from agentspec._core.draft import Draft, DraftParams, confidence_table
 from agentspec._core.goodput import GoodputController
 from agentspec._core.shardkey import ShardKey
 from agentspec._core.speculator import Speculator
@@ -86,6 +87,7 @@ __all__ = [
     "Tags",
     "TreeStats",
     "__version__",
+    "confidence_table",
     "current_tags",
     "draft_batch",
     "exceptions",

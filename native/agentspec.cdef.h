@@ -121,6 +121,8 @@ const as_tree *as_cursor_local_tree(const as_cursor *cur);
 #define AS_DRAFT_MERGE ...
 #define AS_DRAFT_NO_LOCAL ...
 #define AS_DRAFT_NO_GLOBAL ...
+#define AS_DRAFT_CONF ...
+#define AS_CONF_BINS ...
 
 typedef struct as_draft_params {
     uint32_t max_spec_tokens;
@@ -132,6 +134,7 @@ typedef struct as_draft_params {
     double offset;
     double min_token_prob;
     double min_score;
+    float conf[64];
 } as_draft_params;
 
 void as_draft_params_default(as_draft_params *p);

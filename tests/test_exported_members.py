@@ -65,6 +65,7 @@ def test_exported_api_is_the_documented_one() -> None:
         "Tags",
         "TreeStats",
         "__version__",
+        "confidence_table",
         "current_tags",
         "draft_batch",
         "exceptions",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import array
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,8 +52,10 @@ from agentspec.exceptions import (
 
 __all__ = [
     "CHAIN_PARENTS",
+    "CONF_BINS",
     "CURSOR_LOCAL_TREE",
     "DEFAULT_MAX_DEPTH",
+    "DRAFT_CONF",
     "DRAFT_MERGE",
     "DRAFT_NO_GLOBAL",
     "DRAFT_NO_LOCAL",
@@ -127,6 +129,9 @@ DRAFT_TREE: int = lib.AS_DRAFT_TREE
 DRAFT_MERGE: int = lib.AS_DRAFT_MERGE
 DRAFT_NO_LOCAL: int = lib.AS_DRAFT_NO_LOCAL
 DRAFT_NO_GLOBAL: int = lib.AS_DRAFT_NO_GLOBAL
+DRAFT_CONF: int = lib.AS_DRAFT_CONF
+#: Bins per axis of the confidence table (`DraftParams.conf`).
+CONF_BINS: int = lib.AS_CONF_BINS
 CURSOR_LOCAL_TREE: int = lib.AS_CURSOR_LOCAL_TREE
 ERR_INVALID_TOKEN: int = lib.AS_ERR_INVALID_TOKEN
 SHARD_HEADER_BYTES: int = lib.AS_SHARD_HEADER_BYTES
@@ -454,8 +459,10 @@ def new_params(
     min_token_prob: float,
     min_score: float,
     vocab_size: int = 0,
+    conf: Sequence[float] | None = None,
 ) -> CData:
-    """An ``as_draft_params`` struct (values already validated; vocab_size 0: no bound)."""
+    """An ``as_draft_params`` struct (values already validated; vocab_size 0: no
+    bound; ``conf``: the CONF_BINS**2 confidence table, which sets DRAFT_CONF)."""
     p = ffi.new("as_draft_params *")
     p.max_spec_tokens = max_spec_tokens
     p.max_pattern = max_pattern
@@ -466,6 +473,9 @@ def new_params(
     p.offset = offset
     p.min_token_prob = min_token_prob
     p.min_score = min_score
+    if conf is not None:
+        p.flags = flags | DRAFT_CONF
+        p.conf = list(conf)
     return p
 
 

@@ -152,7 +152,8 @@ class Speculator:
 
     Args:
         max_depth: depth of every tree (and of the per-request cursors).
-        params: default drafting parameters (`DraftParams()` if None).
+        params: default drafting parameters (`DraftParams.confident()`, the
+            confidence policy, if None).
         stage_shards: keep one tree per (pipeline, stage).  False keeps one
             tree per pipeline only ("one tree for all stages").
         pipeline_tree: also keep a pipeline-wide tree over all of a
@@ -211,7 +212,7 @@ class Speculator:
         if budget is not None and not isinstance(budget, LearnedBudget):
             raise TypeError(f"budget must be a LearnedBudget, not {type(budget).__name__}")
         self._max_depth = max_depth
-        self._params = resolve_params(params, {})
+        self._params = DraftParams.confident() if params is None else resolve_params(params, {})
         self._stage_shards = stage_shards
         self._pipeline_tree = pipeline_tree
         self._local_tree = local_tree

@@ -5,7 +5,10 @@ step accepts more, whatever its quality.  This benchmark replays each trace
 file (as ``agentspec bench replay`` does) once per point of a grid of draft
 budget rules (``--alphas`` x ``--min-probs``: the budget per matched token and
 the minimum path probability of a drafted token) for each method, and reports
-every point's drafted tokens per step, MAT and acceptance rate.
+every point's drafted tokens per step, MAT and acceptance rate.  The
+``confidence`` method has no budget per matched token: its points sweep its
+cut (``--conf-min-probs``).  The copy oracle's MAT is measured once per file,
+and every point reports its fraction of it.
 
 Methods are then compared at *equal drafted tokens per step*: for each point
 of the baseline method (default ``arctic``), each other method's MAT at the
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentspec._core.draft import CONFIDENT_ALPHA
 from agentspec.bench.replay import (
     METHODS,
     ORACLE,
@@ -58,9 +62,12 @@ __all__ = [
     "run_cli",
 ]
 
-DEFAULT_METHODS = ("stage-shards", "arctic")
+DEFAULT_METHODS = ("confidence", "stage-shards", "arctic")
 DEFAULT_ALPHAS = (0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 DEFAULT_MIN_PROBS = (0.1,)
+#: The confidence method has no alpha budget: its curve sweeps its cut instead.
+DEFAULT_CONF_MIN_PROBS = (0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.65)
+CONF_METHOD = "confidence"
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,8 @@ def run(
     methods: Sequence[str],
     alphas: Sequence[float] = DEFAULT_ALPHAS,
     min_probs: Sequence[float] = DEFAULT_MIN_PROBS,
+    conf_min_probs: Sequence[float] = DEFAULT_CONF_MIN_PROBS,
+    oracle: bool = True,
     baseline: str = "arctic",
     target: float = 1.10,
     base_cfg: ReplayConfig | None = None,
@@ -195,6 +204,7 @@ def run(
     if not (math.isfinite(target) and target > 0):
         raise ValueError(f"target must be a positive number, got {target}")
     grid = _grid(alphas, min_probs)
+    conf_grid = _grid([CONFIDENT_ALPHA], conf_min_probs)
     cfg0 = base_cfg or ReplayConfig()
     status = method_status()
     wanted = list(dict.fromkeys([*methods, baseline]))
@@ -208,9 +218,23 @@ def run(
         counts = trace.counts()
         log(f"[{trace.name}] {counts['requests']} requests, {counts['response_tokens']} tokens")
         points: list[Point] = []
+        oracle_mat = None
+        if oracle:
+            method = make_method(ORACLE, cfg0)
+            prog = Progress(progress_stream, f"[{trace.name}] oracle", len(trace.requests))
+            try:
+                oracle_mat = summarize_run(replay(method, trace, (), prog))["mat"]
+            finally:
+                method.close()
+            prog.close(f"MAT {oracle_mat:.3f}")
         for m in runnable:
-            for a, mp in grid:
-                method = make_method(m, replace(cfg0, alpha=a, min_prob=mp))
+            for a, mp in conf_grid if m == CONF_METHOD else grid:
+                cfg = (
+                    replace(cfg0, conf_min_prob=mp)
+                    if m == CONF_METHOD
+                    else replace(cfg0, alpha=a, min_prob=mp)
+                )
+                method = make_method(m, cfg)
                 label = f"[{trace.name}] {m} alpha={a:g} min_prob={mp:g}"
                 prog = Progress(progress_stream, label, len(trace.requests))
                 try:
@@ -236,6 +260,7 @@ def run(
                 "name": trace.name,
                 "counts": counts,
                 "points": [asdict(p) for p in points],
+                "oracle_mat": oracle_mat,
                 "comparison": rows,
             }
         )
@@ -243,6 +268,7 @@ def run(
         "config": asdict(cfg0),
         "alphas": list(alphas),
         "min_probs": list(min_probs),
+        "conf_min_probs": list(conf_min_probs),
         "baseline": baseline,
         "target": target,
         "max_sessions": max_sessions,
@@ -267,10 +293,22 @@ def render_tables(results: dict[str, Any]) -> str:
             f"{c['response_tokens']:,} response tokens"
         )
         pts = sorted(f["points"], key=lambda p: (p["method"], p["drafted_per_step"]))
+        omat = f.get("oracle_mat")
+        if omat:
+            out.append(f"copy oracle MAT {omat:.3f} (/oracle: a point's MAT as a fraction of it)")
         if pts:
             out.append(
                 _table(
-                    ["method", "alpha", "min prob", "drafted/step", "MAT", "accept", "steps"],
+                    [
+                        "method",
+                        "alpha",
+                        "min prob",
+                        "drafted/step",
+                        "MAT",
+                        "/oracle",
+                        "accept",
+                        "steps",
+                    ],
                     [
                         [
                             p["method"],
@@ -278,6 +316,7 @@ def render_tables(results: dict[str, Any]) -> str:
                             f"{p['min_prob']:g}",
                             _f(p["drafted_per_step"], 2),
                             _f(p["mat"], 3),
+                            _f(p["mat"] / omat if omat and p["mat"] else None, 3),
                             _f(p["acceptance_rate"], 3),
                             f"{p['steps']:,}",
                         ]
@@ -358,6 +397,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="min path probabilities to sweep (default 0.1)",
     )
     p.add_argument(
+        "--conf-min-probs",
+        default=",".join(f"{m:g}" for m in DEFAULT_CONF_MIN_PROBS),
+        help="the confidence method's cuts to sweep (default "
+        + ",".join(f"{m:g}" for m in DEFAULT_CONF_MIN_PROBS)
+        + ")",
+    )
+    p.add_argument(
+        "--no-oracle", action="store_true", help="skip the copy oracle's replay (no /oracle)"
+    )
+    p.add_argument(
         "--target", type=float, default=1.10, help="MAT ratio to find budgets for (default 1.10)"
     )
     add_common_arguments(p, budget_rule=False)
@@ -380,6 +429,7 @@ def run_cli(args: argparse.Namespace) -> int:
     baseline = args.baseline.strip()
     alphas = _floats("--alphas", args.alphas)
     min_probs = _floats("--min-probs", args.min_probs)
+    conf_min_probs = _floats("--conf-min-probs", args.conf_min_probs)
     cfg = ReplayConfig(depth=args.depth, max_spec_tokens=args.max_spec_tokens)
     tok = load_tokenizer(args.tokenizer)
     err, log = cli_log(args.quiet)
@@ -388,6 +438,8 @@ def run_cli(args: argparse.Namespace) -> int:
         methods=methods,
         alphas=alphas,
         min_probs=min_probs,
+        conf_min_probs=conf_min_probs,
+        oracle=not args.no_oracle,
         baseline=baseline,
         target=args.target,
         base_cfg=cfg,

@@ -301,7 +301,9 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError(f"--buckets must be in 1..100, got {args.buckets}")
     if not args.prior > 0:
         raise ValueError(f"--prior must be > 0, got {args.prior}")
-    cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
+    cfg = ReplayConfig(
+        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
+    )
     tok = load_tokenizer(args.tokenizer)
     _, log = cli_log(args.quiet)
     results = run(

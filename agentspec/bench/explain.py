@@ -585,7 +585,9 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run ``agentspec bench explain`` from parsed arguments; return the exit status."""
     warm = [args.warmup_from] if args.warmup_from else []
     check_inputs([*args.traces, *warm], args.max_sessions)
-    cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
+    cfg = ReplayConfig(
+        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
+    )
     tok = load_tokenizer(args.tokenizer)
     _, log = cli_log(args.quiet)
     results = run(

@@ -728,7 +728,9 @@ def run_cli(args: argparse.Namespace) -> int:
     for p in args.traces:
         if not p.is_file():
             raise FileNotFoundError(f"trace file not found: {p}")
-    cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
+    cfg = ReplayConfig(
+        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
+    )
     tok = load_tokenizer(args.tokenizer)
     _, log = cli_log(args.quiet)
     results = run(

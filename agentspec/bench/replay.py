@@ -68,6 +68,7 @@ IM_END = "<|im_end|>"
 
 #: Every method, in report order, with a one-line description.
 METHODS: dict[str, str] = {
+    "confidence": "stage-shards with the confidence policy (DraftParams.confident, the default)",
     "stage-shards": "Speculator: a shard per (pipeline, stage), pipeline tree, per-request tree",
     "one-tree": "Speculator(stage_shards=False): one tree per pipeline for all stages",
     "stage-only": "Speculator(pipeline_tree=False): one tree per stage, no pipeline tree",
@@ -82,6 +83,7 @@ METHODS: dict[str, str] = {
 }
 ORACLE = "oracle"
 _SPECULATOR_METHODS = (
+    "confidence",
     "stage-shards",
     "one-tree",
     "stage-only",
@@ -100,6 +102,7 @@ class ReplayConfig:
     max_spec_tokens: int = 32
     alpha: float = 1.0
     min_prob: float = 0.1
+    conf_min_prob: float = 0.25  # the confidence method's cut (it has no alpha budget)
 
     def __post_init__(self) -> None:
         """Check the ranges."""
@@ -111,6 +114,8 @@ class ReplayConfig:
             raise ValueError(f"alpha must be finite and >= 0, got {self.alpha}")
         if not 0.0 <= self.min_prob <= 1.0:
             raise ValueError(f"min prob must be in [0, 1], got {self.min_prob}")
+        if not 0.0 <= self.conf_min_prob <= 1.0:
+            raise ValueError(f"conf min prob must be in [0, 1], got {self.conf_min_prob}")
 
 
 # --------------------------------------------------------------------------
@@ -304,19 +309,20 @@ class SpeculatorMethod(Method):
         stage_shards: bool = True,
         pipeline_tree: bool = True,
         local_tree: bool = True,
-        **overrides: bool,
+        **overrides: Any,
     ) -> None:
         """Build the speculator for method ``name``."""
         from agentspec import DraftParams, Speculator
 
         self.name = name
         self.tree_drafts = bool(overrides.get("tree", False))
-        params = DraftParams(
-            max_spec_tokens=cfg.max_spec_tokens,
-            alpha=cfg.alpha,
-            min_token_prob=cfg.min_prob,
-            **overrides,
-        )
+        fields: dict[str, Any] = {
+            "max_spec_tokens": cfg.max_spec_tokens,
+            "alpha": cfg.alpha,
+            "min_token_prob": cfg.min_prob,
+        }
+        fields.update(overrides)
+        params = DraftParams(**fields)
         self._spec = Speculator(
             cfg.depth,
             params=params,
@@ -587,6 +593,12 @@ def method_status() -> dict[str, str | None]:
 
 def make_method(name: str, cfg: ReplayConfig) -> Method:
     """Create the method called ``name`` (one of `METHODS`)."""
+    if name == "confidence":
+        from agentspec._core.draft import CONFIDENT_ALPHA, DEFAULT_CONF
+
+        return SpeculatorMethod(
+            name, cfg, alpha=CONFIDENT_ALPHA, min_token_prob=cfg.conf_min_prob, conf=DEFAULT_CONF
+        )
     if name == "stage-shards":
         return SpeculatorMethod(name, cfg)
     if name == "one-tree":
@@ -1163,6 +1175,12 @@ def add_common_arguments(p: argparse.ArgumentParser, *, budget_rule: bool = True
         p.add_argument(
             "--min-prob", type=float, default=0.1, help="min path probability of a token"
         )
+        p.add_argument(
+            "--conf-min-prob",
+            type=float,
+            default=0.25,
+            help="the confidence method's min path probability (default 0.25; it has no alpha)",
+        )
     p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
@@ -1230,7 +1248,9 @@ def run_cli(args: argparse.Namespace) -> int:
     warm = [args.warmup_from] if args.warmup_from else []
     check_inputs([*args.traces, *warm], args.max_sessions)
     methods = parse_methods(args.methods)
-    cfg = ReplayConfig(args.depth, args.max_spec_tokens, args.alpha, args.min_prob)
+    cfg = ReplayConfig(
+        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
+    )
     tok = load_tokenizer(args.tokenizer)
     err, log = cli_log(args.quiet)
     results = run(

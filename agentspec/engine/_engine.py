@@ -80,7 +80,7 @@ class EngineOptions:
         goodput: cut drafts to what pays (`agentspec.GoodputController`:
             calibrated acceptance against the verifier's measured step
             time); False: every draft as the draft params give it.
-        draft_params: drafting parameters (`DraftParams()`; ``tree`` is
+        draft_params: drafting parameters (`DraftParams.confident()`; ``tree`` is
             overridden by ``tree_drafts``).
         max_depth: depth of the shard trees (pushed shards must match).
         max_shard_tokens: per-shard FIFO token budget of the learned shards
@@ -328,7 +328,7 @@ class Engine:
             wanted = limit if limit is not None else 4096
         self.max_model_len: int = wanted if limit is None else min(wanted, limit)
         self.eos_ids = _eos_ids(model, tokenizer)
-        base = self.options.draft_params or DraftParams()
+        base = self.options.draft_params or DraftParams.confident()
         vocab = self.verifier.vocab_size
         if base.vocab_size is not None:
             vocab = min(vocab, base.vocab_size)

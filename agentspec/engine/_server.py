@@ -716,7 +716,9 @@ def run_engine_server(
         speculate=speculate,
         tree_drafts=tree_drafts,
         goodput=goodput,
-        draft_params=None if max_spec_tokens is None else DraftParams(max_spec_tokens),
+        draft_params=None
+        if max_spec_tokens is None
+        else DraftParams.confident(max_spec_tokens=max_spec_tokens),
         **({} if max_depth is None else {"max_depth": max_depth}),
         **dict(budgets or {}),
     )

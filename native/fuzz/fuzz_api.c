@@ -71,6 +71,10 @@ static void read_params(fz_reader *r, as_draft_params *p, int *valid) {
     p->max_pattern = pat & 1 ? (uint32_t)(pat >> 1) % 6 : 0;
     p->min_pattern = pat & 2 ? (uint32_t)(pat >> 3) % 4 : 0;
     p->min_score = fz_below(r, 8) == 0 ? 1.0 : 0.0;
+    if (fz_below(r, 4) == 0) { /* a confidence table: tenths, per cell */
+        p->flags |= AS_DRAFT_CONF;
+        for (int i = 0; i < AS_CONF_BINS * AS_CONF_BINS; i++) p->conf[i] = (float)fz_below(r, 11) / 10.0f;
+    }
     *valid = 1;
     uint8_t bad = fz_u8(r);
     if (bad == 1) p->max_spec_tokens = 0;
@@ -78,7 +82,11 @@ static void read_params(fz_reader *r, as_draft_params *p, int *valid) {
     if (bad == 3) p->flags |= 64;
     if (bad == 4) p->min_token_prob = 1.5;
     if (bad == 5) p->alpha = -INFINITY;
-    if (bad >= 1 && bad <= 5) *valid = 0;
+    if (bad == 6) {
+        p->flags |= AS_DRAFT_CONF;
+        p->conf[bad] = NAN;
+    }
+    if (bad >= 1 && bad <= 6) *valid = 0;
     if (p->max_pattern != 0 && p->min_pattern > p->max_pattern) *valid = 0;
 }
 

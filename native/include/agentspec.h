@@ -247,6 +247,10 @@ const as_tree *as_cursor_local_tree(const as_cursor *cur);
 #define AS_DRAFT_MERGE 2u   /* score global+local counts merged per pattern */
 #define AS_DRAFT_NO_LOCAL 4u  /* ignore the per-request tree */
 #define AS_DRAFT_NO_GLOBAL 8u /* ignore the global tree */
+#define AS_DRAFT_CONF 16u     /* weigh every token by conf[] (see as_draft_params) */
+
+/* Bins of the confidence table: bin(x) = bit length of min(x, 127), 0..7. */
+#define AS_CONF_BINS 8
 
 typedef struct as_draft_params {
     uint32_t max_spec_tokens; /* 1..AS_MAX_SPEC_LIMIT */
@@ -260,6 +264,12 @@ typedef struct as_draft_params {
     double offset;            /* max_spec_offset */
     double min_token_prob;    /* drop tokens with D below this */
     double min_score;         /* drafts scoring below this are returned empty */
+    /* With AS_DRAFT_CONF: conf[bin(L) * AS_CONF_BINS + bin(T)] in [0, 1] is how
+     * often a token is accepted when the text it continues matched L tokens
+     * (pattern length plus the tokens drafted before it) and occurred T
+     * times; D is multiplied by it at every token, so the budget follows the
+     * path's confidence and short or rare matches stop sooner. */
+    float conf[64]; /* AS_CONF_BINS * AS_CONF_BINS */
 } as_draft_params;
 
 /* Defaults: 32 tokens, alpha 1, offset 0, min_token_prob 0.1, linear, no vocab bound. */

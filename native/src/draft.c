@@ -20,6 +20,18 @@
  * draft stops before it, a tree draft never pushes it; D of the other
  * children is unchanged (the out-of-vocabulary counts still share the mass).
  *
+ * Confidence (AS_DRAFT_CONF).  Counts alone call a continuation seen once
+ * after a one-token match certain, so budgets above cap drafts by match
+ * length.  With a table, every token's factor is multiplied by
+ * conf[bin(L), bin(T)], the acceptance rate measured for tokens continuing L
+ * matched tokens (pattern plus drafted tokens before it) whose string
+ * occurred T times; D then falls along a draft as fast as the evidence
+ * thins, min_token_prob ends it, and alpha may be large.  A factor of 0 ends
+ * a branch.  Since D now depends on p, linear drafts from one tree take the
+ * lengths whose patterns occur equally often (a run, see search_runs) as one
+ * candidate: matched over its longest length hi (L = hi + j), continued from
+ * its shortest length lo's point, at most min(B(hi), depth - lo) tokens.
+ *
  * Choosing.  score = sum of D over the draft.  Since a draft of b tokens
  * scores at most b, candidates are tried in order of their bound
  * min(B(p), depth room), largest first, and a pattern whose bound cannot
@@ -37,6 +49,9 @@
 #include "alloc.h"
 #include "draft_internal.h"
 
+_Static_assert(sizeof(((as_draft_params *)0)->conf) == sizeof(float) * AS_CONF_BINS * AS_CONF_BINS,
+               "conf holds AS_CONF_BINS x AS_CONF_BINS factors");
+
 void as_draft_params_default(as_draft_params *p) {
     if (p == NULL) return;
     memset(p, 0, sizeof *p);
@@ -53,8 +68,12 @@ int draft_params_check(const as_draft_params *p) {
     if (!isfinite(p->alpha) || !isfinite(p->offset) || !isfinite(p->min_score)) return AS_ERR_INVALID_ARG;
     if (p->alpha < 0.0) return AS_ERR_INVALID_ARG; /* budgets must not shrink as p grows */
     if (!(p->min_token_prob >= 0.0 && p->min_token_prob <= 1.0)) return AS_ERR_INVALID_ARG;
-    if (p->flags & ~(uint32_t)(AS_DRAFT_TREE | AS_DRAFT_MERGE | AS_DRAFT_NO_LOCAL | AS_DRAFT_NO_GLOBAL))
+    if (p->flags &
+        ~(uint32_t)(AS_DRAFT_TREE | AS_DRAFT_MERGE | AS_DRAFT_NO_LOCAL | AS_DRAFT_NO_GLOBAL | AS_DRAFT_CONF))
         return AS_ERR_INVALID_ARG;
+    if (p->flags & AS_DRAFT_CONF)
+        for (int i = 0; i < AS_CONF_BINS * AS_CONF_BINS; i++)
+            if (!(p->conf[i] >= 0.0f && p->conf[i] <= 1.0f)) return AS_ERR_INVALID_ARG; /* NaN too */
     if (p->max_pattern != 0 && p->min_pattern > p->max_pattern) return AS_ERR_INVALID_ARG;
     return AS_OK;
 }
@@ -221,6 +240,22 @@ static inline int in_vocab(int32_t tok, uint32_t vocab) {
     return vocab == 0 || (uint32_t)tok < vocab;
 }
 
+/* The confidence table's bin of a length or count: bit length of min(x, 127). */
+static inline uint32_t conf_bin(uint64_t x) {
+    uint32_t b = 0;
+    if (x > 127) x = 127;
+    while (x) {
+        b++;
+        x >>= 1;
+    }
+    return b;
+}
+
+/* The factor of a token continuing a match of length L seen T times: 1 without a table. */
+static inline double conf_at(const float *conf, uint64_t L, uint64_t T) {
+    return conf == NULL ? 1.0 : (double)conf[conf_bin(L) * AS_CONF_BINS + conf_bin(T)];
+}
+
 typedef struct grown {
     uint32_t n;
     double score;
@@ -228,7 +263,8 @@ typedef struct grown {
 
 /* Linear draft over a merged point. */
 static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
-                         uint32_t budget, double min_prob, uint32_t vocab, int buf, grown *g) {
+                         uint32_t budget, double min_prob, uint32_t vocab, const float *conf, int buf,
+                         grown *g) {
     g->n = 0;
     g->score = 0.0;
     double d = 1.0;
@@ -244,8 +280,8 @@ static int linear_merged(scratch *sc, const candidates *cand, mpoint mp, uint32_
             if (i > 0 && cont_before(&sc->conts[i], &sc->conts[b])) b = i;
         }
         if (!in_vocab(sc->conts[b].tok, vocab)) break;
-        d = d * ((double)sc->conts[b].cnt / (double)total);
-        if (d < min_prob) break;
+        d = d * ((double)sc->conts[b].cnt / (double)total) * conf_at(conf, plen + g->n, total);
+        if (d < min_prob || !(d > 0.0)) break;
         sc->tok[buf][g->n] = sc->conts[b].tok;
         sc->par[buf][g->n] = (int32_t)g->n - 1;
         sc->prob[buf][g->n] = (float)d;
@@ -290,7 +326,8 @@ static heap_ent heap_pop(heap_ent *h, uint32_t *n) {
 /* Push the children of mp (D = d) that pass the cut, at most `room`. */
 static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, double d,
                          int32_t parent, uint32_t depth, uint32_t dcap, double min_prob,
-                         uint32_t vocab, uint32_t room, uint32_t *hn, uint64_t *order) {
+                         uint32_t vocab, const float *conf, uint32_t room, uint32_t *hn,
+                         uint64_t *order) {
     if (depth >= dcap || room == 0) return AS_OK;
     /* One tree: if even the most frequent child misses the cut, none passes --
      * decided in O(1) instead of listing every child of a busy node. */
@@ -306,8 +343,9 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
         if (mp->p[only].node != ROOT && mp->p[only].x >= ndepth(t, nd)) {
             int32_t key;
             uint32_t b = best_child(t, nd, &key);
-            if (b == NIL || d * ((double)N(t, b)->count / (double)child_total(t, nd)) < min_prob)
-                return AS_OK;
+            uint64_t tot = b == NIL ? 0 : child_total(t, nd);
+            double db = b == NIL ? 0.0 : d * ((double)N(t, b)->count / (double)tot) * conf_at(conf, depth, tot);
+            if (db < min_prob || !(db > 0.0)) return AS_OK;
         }
     }
     uint32_t n;
@@ -316,11 +354,12 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
     if (n == 0) return AS_OK;
     uint64_t total = 0;
     for (uint32_t i = 0; i < n; i++) total += sc->conts[i].cnt;
+    double f = conf_at(conf, depth, total);
     /* keep those whose D passes the cut (and in the vocabulary), then order them */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
-        double dc = d * ((double)sc->conts[i].cnt / (double)total);
-        if (dc >= min_prob && in_vocab(sc->conts[i].tok, vocab)) sc->conts[k++] = sc->conts[i];
+        double dc = d * ((double)sc->conts[i].cnt / (double)total) * f;
+        if (dc >= min_prob && dc > 0.0 && in_vocab(sc->conts[i].tok, vocab)) sc->conts[k++] = sc->conts[i];
     }
     sort_conts(sc->conts, k);
     if (k > room) k = room;
@@ -328,7 +367,7 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
     if (rc != AS_OK) return rc;
     for (uint32_t i = 0; i < k; i++) {
         heap_ent e;
-        e.d = d * ((double)sc->conts[i].cnt / (double)total);
+        e.d = d * ((double)sc->conts[i].cnt / (double)total) * f;
         e.order = (*order)++;
         e.parent = parent;
         e.tok = sc->conts[i].tok;
@@ -340,12 +379,14 @@ static int push_children(scratch *sc, const candidates *cand, const mpoint *mp, 
 }
 
 static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t plen, uint32_t dcap,
-                      uint32_t budget, double min_prob, uint32_t vocab, int buf, grown *g) {
+                      uint32_t budget, double min_prob, uint32_t vocab, const float *conf, int buf,
+                      grown *g) {
     g->n = 0;
     g->score = 0.0;
     uint32_t hn = 0;
     uint64_t order = 0;
-    int rc = push_children(sc, cand, &mp, 1.0, -1, plen, dcap, min_prob, vocab, budget, &hn, &order);
+    int rc =
+        push_children(sc, cand, &mp, 1.0, -1, plen, dcap, min_prob, vocab, conf, budget, &hn, &order);
     while (rc == AS_OK && g->n < budget && hn > 0) {
         heap_ent e = heap_pop(sc->heap, &hn);
         uint32_t idx = g->n++;
@@ -353,7 +394,7 @@ static int tree_draft(scratch *sc, const candidates *cand, mpoint mp, uint32_t p
         sc->par[buf][idx] = e.parent;
         sc->prob[buf][idx] = (float)e.d;
         g->score += e.d;
-        rc = push_children(sc, cand, &e.pt, e.d, (int32_t)idx, e.depth, dcap, min_prob, vocab,
+        rc = push_children(sc, cand, &e.pt, e.d, (int32_t)idx, e.depth, dcap, min_prob, vocab, conf,
                            budget - g->n, &hn, &order);
     }
     return rc;
@@ -494,7 +535,7 @@ static uint32_t pt_count(const as_tree *t, const point *pts, uint32_t p) {
 
 /* Walk at most `cap` tokens from p, keeping the score of every prefix in sc->sum. */
 static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, double min_prob,
-                         uint32_t vocab, int buf) {
+                         uint32_t vocab, const float *conf, uint32_t plen, int buf) {
     int32_t *tok = sc->tok[buf], *par = sc->par[buf];
     float *prob = sc->prob[buf];
     double *sum = sc->sum;
@@ -507,14 +548,16 @@ static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, d
         if (p.x < ndepth(t, nd)) {
             key = label_at(t, nd, p.x);
             p.x++;
+            if (conf != NULL) d *= conf_at(conf, plen + n, nd->count);
         } else {
             uint32_t c = best_child(t, nd, &key);
             if (c == NIL) break;
-            d = d * ((double)N(t, c)->count / (double)child_total(t, nd));
+            uint64_t tot = child_total(t, nd);
+            d = d * ((double)N(t, c)->count / (double)tot) * conf_at(conf, plen + n, tot);
             p.node = c;
             p.x++;
         }
-        if (d < min_prob || !in_vocab(key, vocab)) break;
+        if (d < min_prob || !(d > 0.0) || !in_vocab(key, vocab)) break;
         tok[n] = key;
         par[n] = (int32_t)n - 1;
         prob[n] = (float)d;
@@ -527,10 +570,15 @@ static uint32_t run_walk(scratch *sc, const as_tree *t, point p, uint32_t cap, d
 static void search_runs(scratch *sc, const as_tree *t, const point *pts, const as_draft_params *prm,
                         uint32_t pmin, uint32_t pmax, uint32_t dcap, int side, uint32_t source,
                         uint32_t gindex, best_t *best) {
+    const float *conf = (prm->flags & AS_DRAFT_CONF) ? prm->conf : NULL;
     uint32_t q = room_bound_from(prm, dcap, pmin, pmax);
     uint32_t hi = pmax; /* pmin >= 1, so hi = lo - 1 below never wraps */
     while (hi >= pmin) {
         uint32_t rest = run_max_bound(prm, dcap, q, pmin, hi);
+        if (conf != NULL) { /* a run's draft may reach min(B(hi), dcap - lo) tokens */
+            uint32_t b = budget_for(prm, hi);
+            rest = b < dcap - pmin ? b : dcap - pmin;
+        }
         if (rest == 0 || !wins(best, side, hi, (double)rest)) return;
         /* the run [lo, hi] of lengths whose count equals count(hi): gallop down
          * to a length `bad` outside it (pmin - 1 stands for none), then bisect */
@@ -550,9 +598,35 @@ static void search_runs(scratch *sc, const as_tree *t, const point *pts, const a
             else bad = mid;
         }
         uint32_t cap = run_max_bound(prm, dcap, q, lo, hi);
-        if (cap > 0 && wins(best, side, hi, (double)cap)) {
+        if (conf != NULL) {
+            /* With a confidence table D depends on the matched length too.  The
+             * lengths of a run share their occurrences, hence every
+             * continuation: the run is one candidate, matched over hi tokens
+             * (the most evidence, the largest budget) and continued from lo's
+             * point (the most room in the depth-bounded tree). */
+            uint32_t b = budget_for(prm, hi);
+            uint32_t cc = b < dcap - lo ? b : dcap - lo;
+            uint32_t pc = hi;
+            if (cc == 0 || !wins(best, side, pc, (double)cc)) {
+                hi = lo - 1;
+                continue;
+            }
             int buf = 1 - best->buf;
-            uint32_t n = run_walk(sc, t, pts[lo], cap, prm->min_token_prob, prm->vocab_size, buf);
+            uint32_t n = run_walk(sc, t, pts[lo], cc, prm->min_token_prob, prm->vocab_size, conf,
+                                  pc, buf);
+            if (n > 0 && wins(best, side, pc, sc->sum[n])) {
+                best->buf = buf;
+                best->g.n = n;
+                best->g.score = sc->sum[n];
+                best->p = pc;
+                best->source = source;
+                best->gindex = gindex;
+                best->side = side;
+            }
+        } else if (cap > 0 && wins(best, side, hi, (double)cap)) {
+            int buf = 1 - best->buf;
+            uint32_t n =
+                run_walk(sc, t, pts[lo], cap, prm->min_token_prob, prm->vocab_size, NULL, lo, buf);
             /* the longest p whose draft is longest: n(p) = min(bound(p), n) */
             uint32_t want = n < cap ? n : cap, bp = lo, bn = 0;
             for (uint32_t p = hi;; p--) {
@@ -619,10 +693,11 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
         mpoint mp;
         if (!merged_point(cand, mask, p, &mp)) continue;
         grown g;
+        const float *conf = (prm->flags & AS_DRAFT_CONF) ? prm->conf : NULL;
         int rc = tree_mode ? tree_draft(sc, cand, mp, p, dcap, b, prm->min_token_prob,
-                                        prm->vocab_size, buf, &g)
+                                        prm->vocab_size, conf, buf, &g)
                            : linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob,
-                                           prm->vocab_size, buf, &g);
+                                           prm->vocab_size, conf, buf, &g);
         if (rc != AS_OK) return rc;
         if (g.n > 0 && wins(best, side, p, g.score)) {
             best->buf = buf;

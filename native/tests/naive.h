@@ -233,6 +233,16 @@ static inline uint32_t nv_budget(const as_draft_params *pr, uint32_t p) {
     return (uint32_t)v;
 }
 
+/* The confidence factor of a token continuing L matched tokens seen T times
+ * (1 without AS_DRAFT_CONF). */
+static inline double nv_conf(const as_draft_params *pr, size_t L, uint64_t T) {
+    if (!(pr->flags & AS_DRAFT_CONF)) return 1.0;
+    uint32_t bl = 0, bt = 0;
+    for (uint64_t x = L > 127 ? 127 : L; x; x >>= 1) bl++;
+    for (uint64_t x = T > 127 ? 127 : T; x; x >>= 1) bt++;
+    return (double)pr->conf[bl * AS_CONF_BINS + bt];
+}
+
 /* A path from the match point: the pattern followed by the draft's tokens. */
 typedef struct nv_path {
     int32_t tok[AS_MAX_DEPTH_LIMIT + AS_MAX_SPEC_LIMIT + 1];
@@ -240,7 +250,8 @@ typedef struct nv_path {
 } nv_path;
 
 static inline void nv_linear(const nv_view *v, const int32_t *pat, size_t p, uint32_t budget,
-                      double min_prob, nv_draft *d) {
+                      size_t loff, const as_draft_params *pr, nv_draft *d) {
+    double min_prob = pr->min_token_prob;
     static nv_path path;
     memcpy(path.tok, pat, p * sizeof(int32_t));
     path.len = p;
@@ -253,10 +264,10 @@ static inline void nv_linear(const nv_view *v, const int32_t *pat, size_t p, uin
             free(ch);
             break;
         }
-        prob = prob * ((double)ch[0].count / (double)total);
+        prob = prob * ((double)ch[0].count / (double)total) * nv_conf(pr, path.len + loff, total);
         int32_t tok = ch[0].token;
         free(ch);
-        if (prob < min_prob) break;
+        if (prob < min_prob || !(prob > 0.0)) break;
         d->tokens[d->n] = tok;
         d->parents[d->n] = (int32_t)d->n - 1;
         d->probs[d->n] = prob;
@@ -294,13 +305,15 @@ static inline void nv_node_path(const int32_t *pat, size_t p, const nv_draft *d,
 }
 
 static inline void nv_push_children(const nv_view *v, const nv_path *path, double dnode, int32_t parent,
-                             double min_prob, nv_heap *h) {
+                             const as_draft_params *pr, nv_heap *h) {
+    double min_prob = pr->min_token_prob;
     nv_child *ch;
     uint64_t total;
     size_t nch = nv_children(v, path->tok, path->len, &ch, &total);
+    double f = nch ? nv_conf(pr, path->len, total) : 1.0;
     for (size_t i = 0; i < nch; i++) {
-        double dd = dnode * ((double)ch[i].count / (double)total);
-        if (dd < min_prob) break;
+        double dd = dnode * ((double)ch[i].count / (double)total) * f;
+        if (dd < min_prob || !(dd > 0.0)) break;
         if (h->n == h->cap) {
             h->cap = h->cap ? h->cap * 2 : 16;
             h->e = (nv_entry *)nv_xrealloc(h->e, h->cap * sizeof(nv_entry));
@@ -316,12 +329,12 @@ static inline void nv_push_children(const nv_view *v, const nv_path *path, doubl
 }
 
 static inline void nv_tree_draft(const nv_view *v, const int32_t *pat, size_t p, uint32_t budget,
-                          double min_prob, nv_draft *d) {
+                          const as_draft_params *pr, nv_draft *d) {
     static nv_path path;
     nv_heap h = {NULL, 0, 0, 0};
     memcpy(path.tok, pat, p * sizeof(int32_t));
     path.len = p;
-    nv_push_children(v, &path, 1.0, -1, min_prob, &h);
+    nv_push_children(v, &path, 1.0, -1, pr, &h);
     while (d->n < budget) {
         size_t best = (size_t)-1;
         for (size_t i = 0; i < h.n; i++) {
@@ -339,7 +352,7 @@ static inline void nv_tree_draft(const nv_view *v, const int32_t *pat, size_t p,
         int32_t idx = (int32_t)d->n;
         d->n++;
         nv_node_path(pat, p, d, idx, &path);
-        nv_push_children(v, &path, e.d, idx, min_prob, &h);
+        nv_push_children(v, &path, e.d, idx, pr, &h);
     }
     free(h.e);
 }
@@ -355,7 +368,36 @@ static inline void nv_draft_view(const nv_view *v, const int32_t *ctx, size_t n,
     if (pcap && pcap < pmax) pmax = pcap;
     if (pr->max_pattern && pr->max_pattern < pmax) pmax = pr->max_pattern;
     uint32_t pmin = pr->min_pattern ? pr->min_pattern : 1;
+    /* Linear drafts from one tree with a confidence table: lengths whose
+     * patterns occur equally often are one candidate. */
+    int runs = (pr->flags & AS_DRAFT_CONF) && !(pr->flags & AS_DRAFT_TREE) && v->n_trees == 1;
+    /* (a run: the lengths lo..hi whose patterns occur equally often; its draft
+     * continues lo's pattern, weighed as matched over hi tokens, for at most
+     * min(B(hi), depth - lo) tokens) */
     for (uint32_t p = pmin; p <= pmax && p <= n; p++) {
+        if (runs) {
+            uint64_t c = nv_view_count(v, ctx + (n - p), p);
+            uint32_t lo = p, hi = p;
+            while (hi + 1 <= pmax && hi + 1 <= n && nv_view_count(v, ctx + (n - hi - 1), hi + 1) == c)
+                hi++;
+            p = hi; /* the loop goes on after the run */
+            const int32_t *pat = ctx + (n - lo);
+            nv_child *ch;
+            uint64_t total;
+            nv_children(v, pat, lo, &ch, &total);
+            free(ch);
+            if (total == 0) continue;
+            uint32_t budget = nv_budget(pr, hi), room = v->depth - lo;
+            memset(&cur, 0, sizeof cur);
+            nv_linear(v, pat, lo, budget < room ? budget : room, hi - lo, pr, &cur);
+            double score = 0.0;
+            for (uint32_t i = 0; i < cur.n; i++) score += cur.probs[i];
+            cur.score = score;
+            cur.match_len = hi;
+            if (cur.n && (cur.score > best->score || (cur.score == best->score && hi > best->match_len)))
+                *best = cur;
+            continue;
+        }
         const int32_t *pat = ctx + (n - p);
         nv_child *ch;
         uint64_t total;
@@ -365,9 +407,9 @@ static inline void nv_draft_view(const nv_view *v, const int32_t *ctx, size_t n,
         memset(&cur, 0, sizeof cur);
         uint32_t budget = nv_budget(pr, p);
         if (pr->flags & AS_DRAFT_TREE)
-            nv_tree_draft(v, pat, p, budget, pr->min_token_prob, &cur);
+            nv_tree_draft(v, pat, p, budget, pr, &cur);
         else
-            nv_linear(v, pat, p, budget, pr->min_token_prob, &cur);
+            nv_linear(v, pat, p, budget, 0, pr, &cur);
         double score = 0.0;
         for (uint32_t i = 0; i < cur.n; i++) score += cur.probs[i];
         cur.score = score;

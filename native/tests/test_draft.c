@@ -676,6 +676,53 @@ static void test_bad_params(void) {
     as_tree_free(g);
 }
 
+/* A confidence table scales D per token by (matched length, count) bins; an
+ * all-ones table changes nothing; bad tables are refused. */
+static void test_conf_table(void) {
+    as_tree *g = example_tree();
+    REQUIRE(g != NULL);
+    const int32_t ctx[] = {1, 2};
+    as_draft_params p = params_default(), q;
+    outbuf b, c;
+    as_draft_out *o = outbuf_init(&b, 32), *o2 = outbuf_init(&c, 32);
+    p.alpha = 8.0;
+    q = p;
+    q.flags |= AS_DRAFT_CONF;
+    for (int i = 0; i < AS_CONF_BINS * AS_CONF_BINS; i++) q.conf[i] = 1.0f;
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 2, &p, o));
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 2, &q, o2));
+    CHECK_EQ_U64(o->n, o2->n);
+    CHECK(o->score == o2->score && o->match_len == o2->match_len);
+    for (uint32_t i = 0; i < o->n && i < o2->n; i++)
+        CHECK(o->tokens[i] == o2->tokens[i] && o->probs[i] == o2->probs[i]);
+    /* [1,2] -> 3 (L=2, T=3: bins 2, 2) -> 5 (2 of 3; L=3, T=3: bins 2, 2) */
+    for (int i = 0; i < AS_CONF_BINS * AS_CONF_BINS; i++) q.conf[i] = 0.0f;
+    q.conf[2 * AS_CONF_BINS + 2] = 0.5f;
+    q.min_token_prob = 0.1;
+    o2 = outbuf_init(&c, 32);
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 2, &q, o2));
+    CHECK_EQ_U64(o2->n, 2);
+    CHECK_EQ_INT(o2->tokens[0], 3);
+    CHECK_EQ_INT(o2->tokens[1], 5);
+    CHECK(fabs(o2->probs[0] - 0.5) < 1e-6 && fabs(o2->probs[1] - 0.5 * 2.0 / 3.0 * 0.5) < 1e-6);
+    CHECK_EQ_U64(o2->match_len, 2);
+    q.min_token_prob = 0.2; /* the second token falls below the cut */
+    o2 = outbuf_init(&c, 32);
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 2, &q, o2));
+    CHECK_EQ_U64(o2->n, 1);
+    q.min_token_prob = 0.0; /* a factor of 0 ends the branch even without a cut */
+    q.conf[2 * AS_CONF_BINS + 2] = 0.0f;
+    o2 = outbuf_init(&c, 32);
+    REQUIRE_OK(as_draft_context(g, NULL, ctx, 2, &q, o2));
+    CHECK_EQ_U64(o2->n, 0);
+    const float bad[] = {NAN, -0.1f, 1.5f, INFINITY};
+    for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+        q.conf[5] = bad[i];
+        CHECK_STATUS(as_draft_context(g, NULL, ctx, 2, &q, o2), AS_ERR_INVALID_ARG);
+    }
+    as_tree_free(g);
+}
+
 /* ---- random cross-checks against naive.h -------------------------------- */
 
 static void random_params(th_rng *r, as_draft_params *p, int allow_merge) {
@@ -693,6 +740,16 @@ static void random_params(th_rng *r, as_draft_params *p, int allow_merge) {
     if (th_rng_below(r, 4) == 0) p->min_pattern = th_rng_below(r, 4);
     if (p->max_pattern != 0 && p->min_pattern > p->max_pattern) p->min_pattern = p->max_pattern;
     if (th_rng_below(r, 6) == 0) p->min_score = (double)th_rng_below(r, 4) * 0.5;
+    if (th_rng_below(r, 3) == 0) { /* a confidence table, monotone or not */
+        p->flags |= AS_DRAFT_CONF;
+        int shape = (int)th_rng_below(r, 3);
+        for (int i = 0; i < AS_CONF_BINS * AS_CONF_BINS; i++) {
+            int lb = i / AS_CONF_BINS, tb = i % AS_CONF_BINS;
+            p->conf[i] = shape == 0   ? 1.0f
+                         : shape == 1 ? (float)(1.0 - 1.0 / (2.0 + lb + 0.5 * tb))
+                                      : (float)th_rng_below(r, 11) / 10.0f;
+        }
+    }
 }
 
 static void print_mismatch(const char *what, const nv_draft *w, const as_draft_out *o) {
@@ -900,6 +957,7 @@ static void test_draft_is_read_only(void) {
 }
 
 int main(void) {
+    TEST_RUN(test_conf_table);
     TEST_RUN(test_params_default);
     TEST_RUN(test_vocab_bound);
     TEST_RUN(test_linear_example);

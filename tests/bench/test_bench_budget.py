@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from agentspec.__main__ import main
-from agentspec.bench.budget import Point, budget_for, compare, envelope, mat_at, run
+from agentspec.bench.budget import (
+    Point,
+    budget_for,
+    compare,
+    envelope,
+    mat_at,
+    render_tables,
+    run,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
@@ -159,3 +167,47 @@ def test_cli_errors(tmp_path, capsys):
     assert "target" in capsys.readouterr().err
     assert main(["bench", "budget", str(tmp_path / "missing.jsonl.gz")]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+@needs_data
+def test_the_confidence_method_sweeps_its_cut_and_the_oracle_runs_once():
+    """The confidence method's points sweep --conf-min-probs (alpha fixed), each equal to
+    ``bench replay`` with that cut; a higher cut drafts less; the oracle's MAT is reported."""
+    from agentspec.bench.replay import ReplayConfig, load_tokenizer
+    from agentspec.bench.replay import run as replay_run
+
+    tok = load_tokenizer(TOKENIZER)
+    res = run(
+        [SPIDER],
+        methods=["confidence"],
+        baseline="stage-shards",
+        alphas=[1.0],
+        conf_min_probs=[0.15, 0.5],
+        tokenizer=tok,
+        max_sessions=12,
+    )
+    (f,) = res["files"]
+    conf = [p for p in f["points"] if p["method"] == "confidence"]
+    assert [(p["alpha"], p["min_prob"]) for p in conf] == [(32.0, 0.15), (32.0, 0.5)]
+    assert conf[0]["drafted_per_step"] > conf[1]["drafted_per_step"]
+    ref = replay_run(
+        [SPIDER],
+        cfg=ReplayConfig(conf_min_prob=0.5),
+        methods=["confidence"],
+        tokenizer=tok,
+        max_sessions=12,
+    )["files"][0]
+    assert conf[1]["mat"] == ref["methods"]["confidence"]["mat"]
+    assert f["oracle_mat"] == ref["methods"]["oracle"]["mat"] > 1.0
+    assert "/oracle" in render_tables(res)
+    no = run(
+        [SPIDER],
+        methods=["confidence"],
+        baseline="stage-shards",
+        alphas=[1.0],
+        conf_min_probs=[0.5],
+        oracle=False,
+        tokenizer=tok,
+        max_sessions=3,
+    )
+    assert no["files"][0]["oracle_mat"] is None

@@ -183,7 +183,13 @@ def test_cli_smoke_on_spider(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     res = json.loads(out.read_text())
-    assert res["config"] == {"depth": 64, "max_spec_tokens": 32, "alpha": 1.0, "min_prob": 0.1}
+    assert res["config"] == {
+        "depth": 64,
+        "max_spec_tokens": 32,
+        "alpha": 1.0,
+        "min_prob": 0.1,
+        "conf_min_prob": 0.25,
+    }
     assert set(res["methods"]) | set(res["skipped"]) == set(METHODS)
     (f,) = res["files"]
     assert f["counts"]["sessions"] == 30

@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 import pytest
 
-from agentspec import Cursor, Draft, DraftParams, SuffixTree, TreeStats
+from agentspec import Cursor, Draft, DraftParams, SuffixTree, TreeStats, confidence_table
 from agentspec.exceptions import InvalidArgumentError, InvalidTokenError, TreeClosedError
 
 P = [1, 2, 3, 9, 1, 2]
@@ -42,7 +42,69 @@ def test_params_defaults_match_the_contract() -> None:
         "max_pattern": 0,
         "min_pattern": 0,
         "vocab_size": None,
+        "conf": None,
     }
+
+
+def test_confident_params_are_the_confidence_policy() -> None:
+    """DraftParams.confident(): the default table, cut 0.25, no match-length budget;
+    overrides replace any field."""
+    p = DraftParams.confident()
+    assert p.conf == confidence_table()
+    assert len(p.conf) == 64
+    assert (p.alpha, p.min_token_prob, p.max_spec_tokens) == (32.0, 0.25, 32)
+    q = DraftParams.confident(max_spec_tokens=8, min_token_prob=0.5)
+    assert (q.max_spec_tokens, q.min_token_prob, q.conf) == (8, 0.5, p.conf)
+    assert pickle.loads(pickle.dumps(q)) == q
+
+
+def test_confidence_table_grows_with_length_and_count() -> None:
+    """Longer matches and more frequent strings are trusted more; all values in (0, 1)."""
+    t = confidence_table()
+    at = lambda lb, tb: t[lb * 8 + tb]  # noqa: E731
+    assert all(0.0 < v < 1.0 for v in t)
+    for lb in range(1, 7):
+        for tb in range(1, 7):
+            assert at(lb + 1, tb) > at(lb, tb)
+            assert at(lb, tb + 1) > at(lb, tb)
+    assert at(1, 1) == pytest.approx(1 - 1 / 1.5)  # scale 0.5 at L = T = 1
+    flat = confidence_table(scale=1.0, length_exp=0.0, count_exp=0.0)
+    assert set(flat) == {0.5}
+    with pytest.raises(InvalidArgumentError):
+        confidence_table(scale=-1.0)
+    with pytest.raises(InvalidArgumentError):
+        confidence_table(length_exp=float("nan"))
+
+
+@pytest.mark.parametrize(
+    "bad", [(0.5,) * 63, (0.5,) * 65, (0.5,) * 63 + (1.5,), (0.5,) * 63 + (float("nan"),)]
+)
+def test_params_refuse_a_bad_conf_table(bad: tuple[float, ...]) -> None:
+    """A table of the wrong size or with a value outside [0, 1] is refused up front."""
+    with pytest.raises(InvalidArgumentError):
+        DraftParams(conf=bad)
+    with pytest.raises(TypeError):
+        DraftParams(conf=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        DraftParams(conf=("x",) * 64)  # type: ignore[arg-type]
+
+
+def test_conf_table_weighs_every_token() -> None:
+    """An all-ones table drafts exactly as counts alone; a flat 0.5 table halves each
+    token's probability in turn, and the cut ends the draft where the product falls
+    below it."""
+    with Cursor(DEPTH) as c:
+        c.extend(P)
+        base = c.draft(params=DraftParams())
+        ones = c.draft(params=DraftParams(conf=(1.0,) * 64))
+        assert (ones.token_ids, ones.probs, ones.score) == (base.token_ids, base.probs, base.score)
+        half = c.draft(params=DraftParams(conf=(0.5,) * 64, min_token_prob=0.0))
+        assert half.token_ids == [3, 9]
+        assert half.probs == pytest.approx([0.5, 0.25])
+        cut = c.draft(params=DraftParams(conf=(0.5,) * 64, min_token_prob=0.3))
+        assert cut.token_ids == [3]
+        none = c.draft(params=DraftParams(conf=(0.0,) * 64, min_token_prob=0.0))
+        assert none.token_ids == []
 
 
 def test_params_are_frozen_and_hashable() -> None:

@@ -7,8 +7,14 @@ which wins over the default.  Each key's environment variable is
 
 - ``max_depth`` [64]: depth of every tree; pushed shards must have the same
   depth (else 409).
-- ``alpha`` [1.0]: draft budget per matched token.
-- ``min_token_prob`` [0.1]: drop draft tokens less likely than this.
+- ``policy`` [confidence]: how drafts are grown: ``confidence`` (every token
+  weighed by how often tokens with its matched length and count are accepted,
+  `agentspec.DraftParams.confident`) or ``counts`` (branch frequencies and a
+  budget of ``alpha`` tokens per matched token, as arctic-inference drafts).
+- ``alpha`` [the policy's: 32 for confidence, 1.0 for counts]: draft budget per
+  matched token.
+- ``min_token_prob`` [the policy's: 0.25 for confidence, 0.1 for counts]: drop
+  draft tokens less likely than this.
 - ``lead_tokens`` [8]: learn responses behind this many prompt tokens.
 - ``cold_tokens`` [256]: see `agentspec.Speculator`.
 - ``max_shard_tokens`` [none]: FIFO token budget per learned tree.
@@ -69,6 +75,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentspec import DraftParams
 from agentspec._core.budget import (
     DEFAULT_MAX_LEARNED_BYTES,
     DEFAULT_MAX_SHARD_BYTES,
@@ -113,6 +120,9 @@ def _redacted(url: str) -> str:
     return redact_url(url)
 
 
+#: The drafting policies (``policy``): see the module docstring.
+POLICIES = ("confidence", "counts")
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -122,8 +132,9 @@ class AgentSpecVllmConfig:
     """The settings of one worker (see the module docstring for each key)."""
 
     max_depth: int = 64
-    alpha: float = 1.0
-    min_token_prob: float = 0.1
+    policy: str = "confidence"
+    alpha: float | None = None
+    min_token_prob: float | None = None
     lead_tokens: int = 8
     cold_tokens: int = 256
     max_shard_tokens: int | None = None
@@ -149,11 +160,15 @@ class AgentSpecVllmConfig:
             raise InvalidArgumentError(
                 f"agentspec max_depth must be in [2, 1024], not {self.max_depth}"
             )
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+        if self.policy not in POLICIES:
+            raise InvalidArgumentError(
+                f"agentspec policy must be one of {', '.join(POLICIES)}, not {self.policy!r:.40}"
+            )
+        if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha >= 0):
             raise InvalidArgumentError(
                 f"agentspec alpha must be a finite number >= 0, not {self.alpha}"
             )
-        if not 0.0 <= self.min_token_prob <= 1.0:
+        if self.min_token_prob is not None and not 0.0 <= self.min_token_prob <= 1.0:
             raise InvalidArgumentError(
                 f"agentspec min_token_prob must be in [0, 1], not {self.min_token_prob}"
             )
@@ -199,6 +214,16 @@ class AgentSpecVllmConfig:
                 f"not {self.fleet_max_shard_tokens}"
             )
 
+    def draft_params(self, max_spec_tokens: int, vocab_size: int | None) -> DraftParams:
+        """The drafting parameters of the policy, with ``alpha``/``min_token_prob``
+        where they are set."""
+        kw: dict[str, Any] = {"max_spec_tokens": max_spec_tokens, "vocab_size": vocab_size}
+        if self.alpha is not None:
+            kw["alpha"] = self.alpha
+        if self.min_token_prob is not None:
+            kw["min_token_prob"] = self.min_token_prob
+        return DraftParams.confident(**kw) if self.policy == "confidence" else DraftParams(**kw)
+
     def public(self) -> dict[str, Any]:
         """The settings as JSON-ready values: the API key replaced by whether one is
         set, the Redis URL's password by ``***``."""
@@ -240,7 +265,11 @@ def _convert(key: str, value: object, where: str) -> Any:
             if isinstance(value, (bool, float)):
                 raise ValueError(value)
             return int(str(value).strip()) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
-        if kind == "float":
+        if kind in ("float", "float | None"):
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+                if kind == "float":
+                    raise ValueError(value)
+                return None
             if isinstance(value, bool):
                 raise ValueError(value)
             return float(value)  # type: ignore[arg-type]

@@ -374,11 +374,8 @@ class AgentSpecProposer:
         goodput control, which `propose` applies to the whole step)."""
         params = self._params.get(self.num_speculative_tokens)
         if params is None:
-            params = self._params[self.num_speculative_tokens] = DraftParams(
-                max_spec_tokens=self.num_speculative_tokens,
-                alpha=self.config.alpha,
-                min_token_prob=self.config.min_token_prob,
-                vocab_size=self.vocab_size,
+            params = self._params[self.num_speculative_tokens] = self.config.draft_params(
+                self.num_speculative_tokens, self.vocab_size
             )
         ids = [req_id for _, req_id, _, _ in rows]
         caps = [cap for _, _, _, cap in rows]
@@ -434,12 +431,7 @@ class AgentSpecProposer:
             cfg = self.config
             spec = self._tenants[tenant] = Speculator(
                 cfg.max_depth,
-                params=DraftParams(
-                    max_spec_tokens=self.num_speculative_tokens,
-                    alpha=cfg.alpha,
-                    min_token_prob=cfg.min_token_prob,
-                    vocab_size=self.vocab_size,
-                ),
+                params=cfg.draft_params(self.num_speculative_tokens, self.vocab_size),
                 local_tree=cfg.local_tree,
                 cold_tokens=cfg.cold_tokens,
                 max_shard_tokens=cfg.max_shard_tokens,

@@ -21,7 +21,7 @@ from agentspec_vllm.proposer import AgentSpecProposer
 from agentspec_vllm.shards import reset_worker_intake
 from agentspec_vllm.worker_ext import AgentSpecWorkerExtension
 
-from agentspec import ShardIntake, Speculator, SuffixTree
+from agentspec import DraftParams, ShardIntake, Speculator, SuffixTree
 from agentspec._push.wire import SHARD_CONTENT_TYPE, SHARDS_PATH, SNAPSHOT_PATH, encode_key_query
 from agentspec.exceptions import InvalidArgumentError
 
@@ -44,7 +44,13 @@ def fresh_intake() -> Any:
 
 
 def vllm_config(k: int = K, max_len: int = MAX_LEN, **agentspec: Any) -> Any:
-    """The parts of vLLM's VllmConfig the proposer reads."""
+    """The parts of vLLM's VllmConfig the proposer reads.
+
+    The step counts below assume that every learned token is drafted, as the
+    count-only policy does (``policy: counts``); the default confidence policy
+    stops where one earlier response is thin evidence, and has its own test.
+    """
+    agentspec.setdefault("policy", "counts")
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: VOCAB),
@@ -407,6 +413,25 @@ def test_config_sources_and_errors() -> None:
         load_config({"agentspec": [1]}, {})
     with pytest.raises(InvalidArgumentError, match="num_speculative_tokens"):
         AgentSpecProposer(vllm_config(k=0))
+
+
+def test_config_policy_picks_the_draft_params() -> None:
+    """The confidence policy is the default; ``counts`` drafts as arctic does; alpha and
+    min_token_prob override either policy's own values only where they are set."""
+    cfg = load_config(None, {})
+    assert (cfg.policy, cfg.alpha, cfg.min_token_prob) == ("confidence", None, None)
+    assert cfg.draft_params(8, 1000) == DraftParams.confident(max_spec_tokens=8, vocab_size=1000)
+    counts = load_config({"agentspec": {"policy": "counts"}}, {})
+    assert counts.draft_params(8, None) == DraftParams(max_spec_tokens=8)
+    both = load_config({}, {"AGENTSPEC_VLLM_POLICY": "counts", "AGENTSPEC_VLLM_ALPHA": "2"})
+    assert both.draft_params(8, None) == DraftParams(max_spec_tokens=8, alpha=2.0)
+    cut = load_config({"agentspec": {"min_token_prob": 0.4}}, {})
+    assert cut.draft_params(4, None) == DraftParams.confident(max_spec_tokens=4, min_token_prob=0.4)
+    assert load_config({}, {"AGENTSPEC_VLLM_ALPHA": "none"}).alpha is None
+    with pytest.raises(InvalidArgumentError, match="policy"):
+        load_config({"agentspec": {"policy": "magic"}}, {})
+    with pytest.raises(InvalidArgumentError, match="alpha"):
+        load_config({}, {"AGENTSPEC_VLLM_ALPHA": "fast"})
 
 
 def test_learning_can_be_switched_off() -> None:
