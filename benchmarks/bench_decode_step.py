@@ -12,7 +12,9 @@ then the step's drafts are made either
 * ``batched``: one `Speculator.draft_batch_source` call for the whole batch.
 
 Both modes replay the same requests and reach the same drafts (checked), so
-the steps are identical; only the drafting calls are timed.  Finished requests
+the steps are identical; only the drafting calls are timed.  ``--policy``
+picks the drafting parameters: ``confidence`` (`DraftParams.confident`, the
+proposer's default) and/or ``counts`` (`DraftParams()`, arctic's rule).  Finished requests
 are learned into their stage shards and replaced by the next ones.  Printed:
 median µs per step and per request-step over ``--repeats`` runs, the
 batched/per-request ratio, and tokens per request-step (accepted + 1: what
@@ -42,14 +44,31 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
 
 
+POLICIES = ("confidence", "counts")
+
+
+def policy_params(policy: str, k: int) -> DraftParams:
+    """The proposer's drafting parameters for ``policy`` with at most ``k`` tokens."""
+    if policy == "confidence":
+        return DraftParams.confident(max_spec_tokens=k)
+    if policy == "counts":
+        return DraftParams(max_spec_tokens=k)
+    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+
+
 def run(
-    requests: list[Request], batch: int, k: int, batched: bool, live: bool = True
+    requests: list[Request],
+    batch: int,
+    k: int,
+    batched: bool,
+    live: bool = True,
+    policy: str = "confidence",
 ) -> tuple[int, int, float, list[list[int]]]:
     """Replay ``requests`` ``batch`` at a time.
 
     Returns (decode steps, request-steps, seconds spent drafting, every draft).
     """
-    params = DraftParams(max_spec_tokens=k)
+    params = policy_params(policy, k)
     spec = Speculator(64, params=params, live=live)
     queue = list(reversed(requests))
     active: dict[int, tuple[Request, list[int], int]] = {}  # rid -> (request, response, pos)
@@ -96,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         default="on,off",
         help="live learning (the vLLM proposer's default: on), e.g. on or on,off",
     )
+    p.add_argument(
+        "--policy",
+        default="confidence,counts",
+        help="drafting policies, e.g. confidence,counts (default both; confidence is the "
+        "proposer's default)",
+    )
     args = p.parse_args(argv)
+    policies = [x.strip() for x in args.policy.split(",") if x.strip()]
+    for pol in policies:
+        if pol not in POLICIES:
+            p.error(f"unknown policy {pol!r}; choose from {', '.join(POLICIES)}")
     trace = load_trace(args.trace, load_tokenizer())
     requests = list(trace.requests[: args.requests])
     print(
@@ -104,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         "(median); µs of drafting per decode step"
     )
     print(
-        f"{'live':>4}  {'batch':>5}  {'per-request':>12}  {'batched':>9}  {'ratio':>6}  "
-        f"{'batched/row':>11}  {'tok/step':>8}"
+        f"{'policy':>10}  {'live':>4}  {'batch':>5}  {'per-request':>12}  {'batched':>9}  "
+        f"{'ratio':>6}  {'batched/row':>11}  {'tok/step':>8}"
     )
     tokens = sum(len(r.response) for r in requests)
-    for live, batch in (
-        (mode == "on", int(b)) for mode in args.live.split(",") for b in args.batch.split(",")
+    for policy, live, batch in (
+        (pol, mode == "on", int(b))
+        for pol in policies
+        for mode in args.live.split(",")
+        for b in args.batch.split(",")
     ):
         per: dict[bool, list[float]] = {False: [], True: []}
         rows = 0
@@ -119,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 gc.collect()
                 gc.disable()
                 try:
-                    steps, rows, spent, drafts = run(requests, batch, args.k, batched, live)
+                    steps, rows, spent, drafts = run(requests, batch, args.k, batched, live, policy)
                 finally:
                     gc.enable()
                 per[batched].append(spent / steps * 1e6)
@@ -132,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         on = "on" if live else "off"
         mat = tokens / rows if rows else 0.0
         print(
-            f"{on:>4}  {batch:>5}  {a:>12.1f}  {b:>9.1f}  {b / a:>6.2f}  {row:>11.2f}  {mat:>8.3f}"
+            f"{policy:>10}  {on:>4}  {batch:>5}  {a:>12.1f}  {b:>9.1f}  {b / a:>6.2f}  "
+            f"{row:>11.2f}  {mat:>8.3f}"
         )
     return 0
 

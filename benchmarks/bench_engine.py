@@ -6,8 +6,10 @@ stage a fixed system prompt with a few user inputs, sent ``--rounds`` times
 (a pipeline run again and again).  The same workload runs three times on
 fresh servers (fresh learned shards): with ``agentspec_speculate: false``,
 with speculation on and the goodput controller off (``fixed``: every draft
-as the draft rule gives it), and with speculation on and the controller on
-(chain drafts, or trees with ``--tree``).  Greedy outputs are checked to be
+as the draft rule gives it), with speculation on and the controller on
+(``goodput``, the default: the confidence drafting policy, chain drafts, or
+trees with ``--tree``), and as ``goodput`` with the previous count-only
+drafting policy (``counts``: `DraftParams()`, arctic's rule).  Greedy outputs are checked to be
 identical; printed per mode and per round: completion tokens, wall time,
 tokens/s, verification steps and tokens per step, and the ratios to off.
 
@@ -25,6 +27,7 @@ from collections import defaultdict
 import openai
 import torch
 
+from agentspec import DraftParams
 from agentspec.engine import EngineOptions, EngineServer, default_threads
 from agentspec.models import load_model
 
@@ -67,9 +70,14 @@ STAGES: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def run_workload(model, tok, args, speculate, goodput=True):
+def run_workload(model, tok, args, speculate, goodput=True, draft_params=None):
     """Serve the workload on a fresh server; returns per-round totals and the outputs."""
-    opts = EngineOptions(tree_drafts=args.tree, default_max_tokens=args.max_tokens, goodput=goodput)
+    opts = EngineOptions(
+        tree_drafts=args.tree,
+        default_max_tokens=args.max_tokens,
+        goodput=goodput,
+        draft_params=draft_params,
+    )
     rounds = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "steps": 0, "accepted": 0})
     outputs = {}
     with (
@@ -150,12 +158,19 @@ def main():
     off_rounds, off_out = run_workload(model, tok, args, speculate=False)
     fixed_rounds, fixed_out = run_workload(model, tok, args, speculate=True, goodput=False)
     on_rounds, on_out = run_workload(model, tok, args, speculate=True)
-    same = off_out == on_out == fixed_out
-    print(f"greedy outputs identical with speculation off, fixed and controlled: {same}")
+    counts_rounds, counts_out = run_workload(
+        model, tok, args, speculate=True, draft_params=DraftParams()
+    )
+    same = off_out == on_out == fixed_out == counts_out
+    print(f"greedy outputs identical with speculation off, fixed, controlled, counts: {same}")
     print(f"{'':<16} {'tokens':>7} {'seconds':>9} {'tok/s':>9} {'steps':>7} {'tok/step':>10}")
     off_line, off_tps, off_ps = line("spec off", summary(off_rounds))
     print(off_line)
-    for name, rounds in (("fixed", fixed_rounds), ("goodput", on_rounds)):
+    for name, rounds in (
+        ("fixed", fixed_rounds),
+        ("goodput", on_rounds),
+        ("counts", counts_rounds),
+    ):
         text, tps, ps = line(name, summary(rounds))
         print(text)
         for r in sorted(rounds):

@@ -16,6 +16,9 @@ Backends (all with the same parameters):
 * ``agentspec-cursor``: the native agentspec API: a global ``SuffixTree`` of
   finished responses (``tree.add`` after each request) and one ``Cursor``
   with a per-request tree per request (``extend`` then ``draft``);
+* ``agentspec-confident``: the same cursor path with the default policy of
+  ``Speculator`` and the engines, ``DraftParams.confident()`` (confidence
+  table, cut 0.25; ``--alpha``/``--min-prob`` do not apply to it);
 * ``agentspec-raw`` (only on request, ``--backends ...,agentspec-raw``): the
   cursor path through bare C calls, a diagnostic of the engine's own cost.
 
@@ -62,10 +65,11 @@ from benchmarks._traces import (
 ARCTIC = "arctic"
 AGENTSPEC = "agentspec"
 CURSOR = "agentspec-cursor"
+CONFIDENT = "agentspec-confident"
 RAW = "agentspec-raw"
-DEFAULT_BACKENDS = (ARCTIC, AGENTSPEC, CURSOR)
+DEFAULT_BACKENDS = (ARCTIC, AGENTSPEC, CURSOR, CONFIDENT)
 ALL_BACKENDS = (*DEFAULT_BACKENDS, RAW)
-OURS = (AGENTSPEC, CURSOR)
+OURS = (AGENTSPEC, CURSOR, CONFIDENT)
 
 # (metric key, target ratio ours/arctic or absolute bound, kind, label)
 RATIO_TARGETS: tuple[tuple[str, float, str], ...] = (
@@ -276,14 +280,18 @@ def replay_cache(backend: str, reqs: Sequence[Request], cfg: Config) -> Counters
     return c
 
 
-def replay_cursor(reqs: Sequence[Request], cfg: Config) -> Counters:
-    """Replay with the native agentspec API (``agentspec-cursor``)."""
+def replay_cursor(reqs: Sequence[Request], cfg: Config, *, confident: bool = False) -> Counters:
+    """Replay with the native agentspec API (``agentspec-cursor``; with ``confident``,
+    ``agentspec-confident``: the default policy's params)."""
     from agentspec import Cursor, DraftParams, SuffixTree
 
     tree = SuffixTree(max_depth=cfg.depth)
-    params = DraftParams(
-        max_spec_tokens=cfg.max_spec_tokens, alpha=cfg.alpha, min_token_prob=cfg.min_prob
-    )
+    if confident:
+        params = DraftParams.confident(max_spec_tokens=cfg.max_spec_tokens)
+    else:
+        params = DraftParams(
+            max_spec_tokens=cfg.max_spec_tokens, alpha=cfg.alpha, min_token_prob=cfg.min_prob
+        )
     c = Counters([], [], stage_steps={})
     pc = time.perf_counter_ns
     dns, uns = c.draft_ns, c.update_ns
@@ -421,8 +429,8 @@ def run_replay(backend: str, reqs: Sequence[Request], cfg: Config) -> Counters:
     gc.collect()
     gc.disable()
     try:
-        if backend == CURSOR:
-            return replay_cursor(reqs, cfg)
+        if backend in (CURSOR, CONFIDENT):
+            return replay_cursor(reqs, cfg, confident=backend == CONFIDENT)
         if backend == RAW:
             return replay_raw(reqs, cfg)
         return replay_cache(backend, reqs, cfg)
@@ -525,7 +533,7 @@ def rss_child(backend: str, data_path: str, depth: int) -> dict[str, Any]:
     empty = np.zeros(0, dtype=np.int32)
     tree: Any = None
     cache: Any = None
-    if backend in (CURSOR, RAW):
+    if backend in (CURSOR, CONFIDENT, RAW):
         from agentspec import SuffixTree
 
         tree = SuffixTree(max_depth=depth)
@@ -874,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up0 = uptime_line()
     print(f"# bench_native: {' '.join(sys.argv)}")
     print(f"# config: {asdict(cfg)}, repeats {args.repeats}, backends {', '.join(backends)}")
-    build = agentspec_build() if set(backends) & {AGENTSPEC, CURSOR, RAW} else None
+    build = agentspec_build() if set(backends) & {AGENTSPEC, CURSOR, CONFIDENT, RAW} else None
     if build is not None:
         print(f"# agentspec extension: sha256 {build['sha256_16']}, built {build['mtime_utc']} UTC")
     print(f"# arctic-inference: {_version('arctic-inference')}")

@@ -16,6 +16,10 @@ measured:
   requests go through the plain OpenAI client, as for every other method,
   with the stage in ``vllm_xargs``: the client's own learning and pushes
   would take CPU from the server when both share one small machine;
+* ``agentspec-counts``: as ``agentspec`` with the count-only drafting policy
+  (``AGENTSPEC_VLLM_POLICY=counts``: branch frequencies and ``alpha`` tokens
+  per matched token, as arctic drafts), the previous default, beside the
+  confidence policy of ``agentspec``;
 * ``agentspec-fixed``: as ``agentspec`` with the goodput controller off
   (``AGENTSPEC_VLLM_GOODPUT=false``): every draft as the draft rule gives
   it, the fixed-k baseline of the controller;
@@ -117,6 +121,7 @@ ALL_METHODS = (
     "ngram35",
     "suffix",
     "agentspec",
+    "agentspec-counts",
     "agentspec-fixed",
     "agentspec-nodraft",
     "agentspec-pushed",
@@ -354,6 +359,8 @@ def method_launch(method: str, k: int) -> tuple[list[str], dict[str, str]]:
     launch = vllm_launch(num_speculative_tokens=k)
     if method == "agentspec-fixed":
         return launch.args, {**launch.env, "AGENTSPEC_VLLM_GOODPUT": "false"}
+    if method == "agentspec-counts":
+        return launch.args, {**launch.env, "AGENTSPEC_VLLM_POLICY": "counts"}
     if method == "agentspec-nodraft":
         return launch.args, {**launch.env, "AGENTSPEC_VLLM_ALPHA": "0"}
     return launch.args, launch.env

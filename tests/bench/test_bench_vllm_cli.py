@@ -148,6 +148,12 @@ def test_speculation_flags_per_method(device: str) -> None:
     assert _spec_flags(nodraft_argv) == _spec_flags(fixed_argv)
     assert nodraft_env["AGENTSPEC_VLLM_ALPHA"] == "0"
     assert "AGENTSPEC_VLLM_ALPHA" not in env
+    # agentspec-counts: the same proposer with the count-only policy (the default is
+    # the confidence policy, which the plain agentspec server leaves unset)
+    counts_argv, counts_env = bench.server_command(cfg, "agentspec-counts", 8, PORT)
+    assert _spec_flags(counts_argv) == _spec_flags(fixed_argv)
+    assert counts_env["AGENTSPEC_VLLM_POLICY"] == "counts"
+    assert "AGENTSPEC_VLLM_POLICY" not in env
 
 
 @pytest.mark.parametrize("method", ["none", "ngram55", "ngram35", "suffix", "agentspec"])
