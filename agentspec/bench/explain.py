@@ -1,9 +1,10 @@
 """`agentspec bench explain`: why the copy oracle accepts more than our drafter.
 
-Each trace is replayed as in ``agentspec bench replay`` with the default
-drafter (``stage-shards``: an `agentspec.Speculator` with stage shards, the
-pipeline tree and the per-request tree, online learning) under the simulated
-greedy verifier.  At every one of its verification steps the copy oracle
+Each trace is replayed as in ``agentspec bench replay`` with a drafter
+(``--method``: ``confidence``, the default policy, or ``stage-shards``, the
+count-only one: an `agentspec.Speculator` with stage shards, the pipeline tree
+and the per-request tree, online learning) under the simulated greedy
+verifier.  At every one of its verification steps the copy oracle
 (`agentspec.bench.oracle`) is asked, at the same position, how many tokens it
 would accept (``L``: the longest prefix of the truth seen before, at most
 ``max_spec_tokens``).  A step where ``L`` exceeds the tokens our draft got
@@ -88,6 +89,9 @@ __all__ = [
 ]
 
 #: Every class, in priority order, with a one-line description.
+#: The drafters ``bench explain`` can explain (replay method names).
+EXPLAIN_METHODS = ("confidence", "stage-shards")
+
 CLASSES: dict[str, str] = {
     "other-branch": "the truth continues the matched suffix in a tree; another branch was drafted",
     "match-too-short": "a longer suffix the truth follows would have drafted more of it",
@@ -159,15 +163,25 @@ def _longest_suffix(count: Callable[[list[int]], int], tail: list[int], cont: li
 class _Explainer:
     """Classifies the oracle wins of one trace replay (see the module docstring)."""
 
-    def __init__(self, cfg: ReplayConfig, *, keep_steps: bool) -> None:
+    def __init__(self, cfg: ReplayConfig, *, keep_steps: bool, method: str = "confidence") -> None:
         from agentspec import DraftParams, Speculator, SuffixTree
+        from agentspec._core.draft import CONFIDENT_ALPHA
 
+        if method not in EXPLAIN_METHODS:
+            raise ValueError(f"method must be one of {', '.join(EXPLAIN_METHODS)}, not {method!r}")
         self.cfg = cfg
         self.depth = cfg.depth
         self.k = cfg.max_spec_tokens
-        self.params = DraftParams(
-            max_spec_tokens=cfg.max_spec_tokens, alpha=cfg.alpha, min_token_prob=cfg.min_prob
-        )
+        if method == "confidence":
+            self.alpha, self.min_prob = CONFIDENT_ALPHA, cfg.conf_min_prob
+            self.params = DraftParams.confident(
+                max_spec_tokens=cfg.max_spec_tokens, min_token_prob=self.min_prob
+            )
+        else:
+            self.alpha, self.min_prob = cfg.alpha, cfg.min_prob
+            self.params = DraftParams(
+                max_spec_tokens=cfg.max_spec_tokens, alpha=cfg.alpha, min_token_prob=cfg.min_prob
+            )
         self.spec = Speculator(cfg.depth, params=self.params)
         self.oracle = Oracle(cfg.max_spec_tokens)
         self._tree_cls = SuffixTree
@@ -208,8 +222,8 @@ class _Explainer:
         """The draft params restricted to pattern length ``p`` (other fields overridden)."""
         key = (
             p,
-            self.cfg.min_prob if min_prob is None else min_prob,
-            self.cfg.alpha if alpha is None else alpha,
+            self.min_prob if min_prob is None else min_prob,
+            self.alpha if alpha is None else alpha,
         )
         params = self._pattern_params.get(key)
         if params is None:
@@ -219,7 +233,7 @@ class _Explainer:
         return params
 
     def _budget(self, m: int) -> int:
-        return min(self.k, math.floor(self.cfg.alpha * m + 1e-6))
+        return min(self.k, math.floor(self.alpha * m + 1e-6))
 
     # --- replay ---------------------------------------------------------------
 
@@ -436,14 +450,15 @@ def explain_trace(
     *,
     warmup: Sequence[Request] = (),
     keep_steps: bool = False,
+    method: str = "confidence",
 ) -> dict[str, Any]:
-    """Replay ``trace`` with the default drafter and classify every oracle win.
+    """Replay ``trace`` with ``method``'s drafter and classify every oracle win.
 
     ``warmup`` responses are learned first, by both sides, and not replayed.
     With ``keep_steps`` the result also lists every win (``"wins_list"``:
     request index, position, our accepted tokens, the oracle's, class, detail).
     """
-    ex = _Explainer(cfg, keep_steps=keep_steps)
+    ex = _Explainer(cfg, keep_steps=keep_steps, method=method)
     t0 = time.perf_counter()
     try:
         ex.warmup(warmup)
@@ -474,9 +489,10 @@ def _pct(v: float | None) -> str:
 def render_table(results: dict[str, Any]) -> str:
     """Per trace: the totals, then one row per class and one per detail."""
     out: list[str] = []
+    method = results.get("method", "confidence")
     for t in results["traces"]:
         out.append(
-            f"== {t['name']}: {t['sessions']:,} sessions, {t['requests']:,} requests, "
+            f"== {t['name']} ({method}): {t['sessions']:,} sessions, {t['requests']:,} requests, "
             f"{t['steps']:,} steps, MAT {t['mat']:.3f}; oracle wins {t['wins']:,} steps "
             f"({_pct(t['win_share'])} of steps), {t['lost_tokens']:,} tokens lost "
             f"({t['wall_s']:.1f} s)"
@@ -548,6 +564,7 @@ def run(
     tokenizer: Any,
     max_sessions: int | None = None,
     warmup_from: Path | None = None,
+    method: str = "confidence",
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Explain the oracle wins of each trace file (see the module docstring)."""
@@ -559,7 +576,7 @@ def run(
     for p in paths:
         trace = load_trace(p, tokenizer, max_sessions)
         log(f"{trace.name}: {len(trace.requests)} requests")
-        traces.append(explain_trace(trace, cfg, warmup=warm))
+        traces.append(explain_trace(trace, cfg, warmup=warm, method=method))
         log(f"{trace.name}: done in {traces[-1]['wall_s']:.1f} s")
     return {
         "config": {
@@ -567,7 +584,9 @@ def run(
             "max_spec_tokens": cfg.max_spec_tokens,
             "alpha": cfg.alpha,
             "min_prob": cfg.min_prob,
+            "conf_min_prob": cfg.conf_min_prob,
         },
+        "method": method,
         "max_sessions": max_sessions,
         "warmup_from": None if warmup_from is None else str(warmup_from),
         "classes": CLASSES,
@@ -578,6 +597,13 @@ def run(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench explain`` options to ``p``."""
     add_trace_arguments(p, warmup=True)
+    p.add_argument(
+        "--method",
+        choices=EXPLAIN_METHODS,
+        default="confidence",
+        help="the drafter explained: confidence (the default policy, cut --conf-min-prob) or "
+        "stage-shards (the count-only policy, --alpha/--min-prob); default confidence",
+    )
     add_common_arguments(p)
 
 
@@ -596,6 +622,7 @@ def run_cli(args: argparse.Namespace) -> int:
         tokenizer=tok,
         max_sessions=args.max_sessions,
         warmup_from=args.warmup_from,
+        method=args.method,
         log=log,
     )
     results["command"] = getattr(args, "argv", None)

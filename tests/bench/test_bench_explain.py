@@ -46,7 +46,8 @@ def _requests(turns: Sequence[Turn]) -> tuple[Request, ...]:
 def _run(warm: Sequence[Turn], test: Sequence[Turn]) -> dict:
     reqs = _requests(test)
     trace = TraceData(Path("synthetic"), "synthetic", "w", len(reqs), reqs, 0.0)
-    return explain_trace(trace, CFG, warmup=_requests(warm), keep_steps=True)
+    # the hand-made cases follow the count-only drafter's budgets (alpha * m)
+    return explain_trace(trace, CFG, warmup=_requests(warm), keep_steps=True, method="stage-shards")
 
 
 def _recoverable(res: dict, cls: str) -> dict[str, int]:
@@ -199,13 +200,21 @@ def test_real_slice_cli_json_and_replay_agree(tmp_path, capsys):
         )
     by = {c["class"]: c for c in t["classes"]}
     assert by["nowhere"]["steps"] == 0  # one pipeline per file: the oracle's data is ours
-    # The drafter is exactly `bench replay`'s stage-shards method.
+    assert res["method"] == "confidence"
+    # The drafters are exactly `bench replay`'s confidence and stage-shards methods.
+    old = tmp_path / "old.json"
+    argv_old = ["bench", "explain", str(SPIDER), "--max-sessions", "40", "--quiet"]
+    assert main([*argv_old, "--method", "stage-shards", "--json", str(old)]) == 0
+    assert "(stage-shards)" in capsys.readouterr().out
+    (t_old,) = json.loads(old.read_text())["traces"]
     rep = tmp_path / "r.json"
     argv = ["bench", "replay", str(SPIDER), "--max-sessions", "40", "--quiet"]
-    assert main([*argv, "--methods", "stage-shards", "--json", str(rep)]) == 0
+    assert main([*argv, "--methods", "confidence,stage-shards", "--json", str(rep)]) == 0
     capsys.readouterr()
-    m = json.loads(rep.read_text())["files"][0]["methods"]["stage-shards"]
-    assert (m["steps"], m["mat"]) == (t["steps"], pytest.approx(t["mat"]))
+    methods = json.loads(rep.read_text())["files"][0]["methods"]
+    for name, got in (("confidence", t), ("stage-shards", t_old)):
+        m = methods[name]
+        assert (m["steps"], m["mat"]) == (got["steps"], pytest.approx(got["mat"]))
 
 
 def test_cli_refuses_missing_trace(tmp_path, capsys):
