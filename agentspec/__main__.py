@@ -19,6 +19,9 @@ Subcommands:
 - ``agentspec bench explain TRACES...``: every step where the copy oracle
   accepts more than the default drafter, classified by why
   (`agentspec.bench.explain`);
+- ``agentspec bench evidence TRACES...``: acceptance of draft tokens by
+  matched length and continuation count, and the confidence table's model
+  fitted to it (`agentspec.bench.evidence`);
 - ``agentspec shards list|stats|export|import|compact --store DIR``: inspect
   and maintain a client shard store (`agentspec._cli.shards`);
 - ``agentspec shards push|status --store DIR --endpoint URL``: push shards to
@@ -81,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agentspec._cli import push as cli_push
     from agentspec._cli import shards as cli_shards
     from agentspec._cli import vllm as cli_vllm
-    from agentspec.bench import budget, calibration, entropy, explain, replay
+    from agentspec.bench import budget, calibration, entropy, evidence, explain, replay
     from agentspec.bench import fleet as bench_fleet
 
     parser = argparse.ArgumentParser(
@@ -132,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
             "explain",
             explain,
             "why the copy oracle accepts more than the default drafter, per class",
+        ),
+        (
+            "evidence",
+            evidence,
+            "acceptance by matched length and count; the confidence table's model fitted",
         ),
     )
     for name, module, help_text in benchmarks:
