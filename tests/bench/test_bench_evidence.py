@@ -28,6 +28,7 @@ from agentspec.bench.evidence import (
     log_loss,
     render_table,
 )
+from agentspec.bench.plots import pyplot
 from agentspec.bench.replay import ReplayConfig, Request, TraceData
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -140,6 +141,16 @@ def test_local_tree_counts():
     }
 
 
+def test_no_draft_tokens():
+    # one response of new tokens: nothing is ever drafted, nothing fitted, the report still prints
+    res = evidence_trace(_trace([[5, 6, 7]]), ReplayConfig())
+    assert res["verified_tokens"] == 0
+    assert res["cells"] == []
+    assert res["fits"]["fitted"] is None
+    assert res["fits"]["default"]["log_loss"] is None
+    assert "0 verified draft tokens" in render_table({"traces": [res], "pooled": None})
+
+
 def _model_cells(scale: float, le: float, ce: float, n: float = 1000.0) -> list:
     table = confidence_table(scale, le, ce)
     return [(lb, tb, n, n * table[lb * 8 + tb]) for lb in range(1, 8) for tb in range(1, 8)]
@@ -229,8 +240,16 @@ def test_cli_spider_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "evidence.json"
     argv = ["bench", "evidence", str(SPIDER), str(SPIDER), "--max-sessions", "30"]
     argv += ["--tokenizer", str(TOKENIZER), "--json", str(out), "--quiet"]
+    argv += ["--plots", str(tmp_path / "plots")]
     assert main(argv) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    png = tmp_path / "plots" / "spider-sql.dev-evidence.png"
+    if pyplot() is None:
+        assert "plots skipped: matplotlib is not installed" in captured.err
+    else:
+        assert png.stat().st_size > 0
+        assert (tmp_path / "plots" / "pooled-evidence.png").is_file()
     assert "spider-sql.dev" in text
     assert "fitted" in text
     assert "pooled over 2 traces" in text
