@@ -66,7 +66,7 @@ DEFAULT_METHODS = ("confidence", "stage-shards", "arctic")
 DEFAULT_ALPHAS = (0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 DEFAULT_MIN_PROBS = (0.1,)
 #: The confidence method has no alpha budget: its curve sweeps its cut instead.
-DEFAULT_CONF_MIN_PROBS = (0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.65)
+DEFAULT_CONF_MIN_PROBS = (0.02, 0.04, 0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.65)
 CONF_METHOD = "confidence"
 
 
