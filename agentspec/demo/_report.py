@@ -37,16 +37,19 @@ __all__ = [
     "ACCEPTANCE",
     "COLUMNS",
     "MAX_CAPPED_FRACTION",
+    "TIME_COLUMNS",
     "CallRecord",
     "Check",
     "DemoReport",
     "Mismatch",
     "QuestionTiming",
     "StageSummary",
+    "TimeSplit",
     "attribute_exclusive_time",
     "build_report",
     "compare_runs",
     "format_table",
+    "time_split",
     "write_chart",
     "write_outputs",
 ]
@@ -97,6 +100,28 @@ COLUMNS: tuple[tuple[str, str], ...] = (
         "every call was capped",
     ),
 )
+#: What each column of the time table of `format_table` means: (column, explanation).
+TIME_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("steps", "verification steps (forward passes after the prefill), off / on"),
+    ("prefill", "seconds in the prompts' forward passes, off / on"),
+    (
+        "cached",
+        "share of the prompt tokens the server took from its prefix cache instead of "
+        "computing them (its cache is per tenant: each run reuses only its own prompts)",
+    ),
+    ("verify", "seconds in the verification steps (forward pass, acceptance, KV cache)"),
+    ("ms/step", "verify seconds per step in milliseconds: what a step costs, off / on"),
+    ("draft", "seconds drafting with speculation on (suffix trees, goodput control)"),
+    (
+        "python",
+        "the server's other seconds of the calls: per-step Python work (detokenizing, "
+        "stop strings, learning), off / on",
+    ),
+    (
+        "outside",
+        "seconds of the calls outside the engine: HTTP, chat template, tokenizing, off / on",
+    ),
+)
 _STAGE_ORDER = ("Classify", "Extract", "Enrich")
 _LATE_STAGES = ("SQL-fix", "Combine")
 
@@ -111,9 +136,12 @@ class CallRecord:
     ``accepted`` / ``speculate`` come from the response's ``agentspec`` field
     (None when the server sent none).  ``started`` / ``ended`` are
     ``time.perf_counter()`` values; ``exclusive_s`` is set by
-    `attribute_exclusive_time`.  ``error`` says why a call failed.  ``valid``
-    says whether the output is well formed for its stage (None: not checked;
-    see `COLUMNS`).
+    `attribute_exclusive_time`.  ``prefill_s`` / ``draft_s`` / ``verify_s`` /
+    ``engine_s`` are the server's own account of its time (the ``seconds`` of
+    the ``agentspec`` field; None when it sent none): see `TIME_COLUMNS`;
+    ``cached_tokens`` the prompt tokens it took from its prefix cache.
+    ``error`` says why a call failed.  ``valid`` says whether the output is
+    well formed for its stage (None: not checked; see `COLUMNS`).
     """
 
     run: str
@@ -135,6 +163,11 @@ class CallRecord:
     error: str | None = None
     exclusive_s: float = 0.0
     valid: bool | None = None
+    cached_tokens: int | None = None
+    prefill_s: float | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    engine_s: float | None = None
 
     @property
     def capped(self) -> bool:
@@ -179,6 +212,57 @@ class QuestionTiming:
 
 
 @dataclass(frozen=True)
+class TimeSplit:
+    """Where one run's wall time of some calls went, by the server's own account.
+
+    ``prefill``, ``draft`` and ``verify`` are the server's seconds in those
+    phases; ``python`` the rest of its time on the calls (per-step Python
+    work); ``outside`` the calls' wall time outside the server's engine
+    (HTTP, chat template, tokenizing).  ``steps`` are verification steps;
+    ``prompt_tokens`` / ``cached_tokens`` the prompts' tokens and those of
+    them taken from the server's prefix cache.
+    """
+
+    steps: int
+    prefill: float
+    draft: float
+    verify: float
+    python: float
+    outside: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def ms_per_step(self) -> float | None:
+        """Verification milliseconds per step."""
+        return 1000.0 * self.verify / self.steps if self.steps else None
+
+
+def time_split(records: Sequence[CallRecord]) -> TimeSplit | None:
+    """The `TimeSplit` of ``records`` (None when a record lacks the server's seconds)."""
+    recs = list(records)
+    if any(r.engine_s is None or r.steps is None for r in recs):
+        return None
+
+    def total(name: str) -> float:
+        return sum(getattr(r, name) or 0.0 for r in recs)
+
+    prefill, draft, verify, engine = (
+        total(f"{n}_s") for n in ("prefill", "draft", "verify", "engine")
+    )
+    return TimeSplit(
+        steps=sum(r.steps or 0 for r in recs),
+        prefill=prefill,
+        draft=draft,
+        verify=verify,
+        python=max(0.0, engine - prefill - draft - verify),
+        outside=max(0.0, total("exclusive_s") - engine),
+        prompt_tokens=sum(r.prompt_tokens for r in recs),
+        cached_tokens=sum(r.cached_tokens or 0 for r in recs),
+    )
+
+
+@dataclass(frozen=True)
 class StageSummary:
     """Per-stage (or overall) sums over both runs.
 
@@ -191,6 +275,8 @@ class StageSummary:
     that stopped at ``max_tokens`` (in the "on" run); the ``*_uncapped``
     fields are the same numbers over the calls that stopped in neither run.
     ``valid`` counts well-formed outputs of the "on" run (None: not checked).
+    ``time_off`` / ``time_on`` say where each run's time went (None: the
+    server did not say).
     """
 
     stage: str
@@ -213,6 +299,8 @@ class StageSummary:
     seconds_off_uncapped: float = 0.0
     seconds_on_uncapped: float = 0.0
     speedup_uncapped: float | None = None
+    time_off: TimeSplit | None = None
+    time_on: TimeSplit | None = None
 
 
 @dataclass(frozen=True)
@@ -541,6 +629,8 @@ def _summary(
         seconds_off_uncapped=free_off,
         seconds_on_uncapped=free_on,
         speedup_uncapped=_ratio(free_off, free_on),
+        time_off=time_split(off),
+        time_on=time_split(on),
     )
 
 
@@ -709,8 +799,55 @@ def format_table(report: DemoReport) -> str:
     for check in report.checks():
         state = "ok" if check.ok else "MISSED"
         lines.append(f"  [{state}] {check.name}: {_f(check.value)} (wanted {check.wanted()})")
+    lines.extend(_time_table(report))
     lines.extend(_legend(report.settled_from))
     return "\n".join(lines)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole else "n/a"
+
+
+def _time_table(report: DemoReport) -> list[str]:
+    """Where the time went per stage, off / on (nothing when the server did not say)."""
+    rows = [*report.stages, report.overall]
+    if any(s.time_off is None or s.time_on is None for s in rows):
+        return []
+    names = ("steps", "prefill", "cached", "verify", "ms/step")
+    head = f"{'stage':<10} " + " ".join(f"{n:>15}" for n in names)
+    head += f" {'draft':>6} {'python':>11} {'outside':>11}"
+    head2 = f"{'':<10} " + " ".join(f"{'off':>7} {'on':>7}" for _ in names)
+    head2 += f" {'on':>6} {'off':>5} {'on':>5} {'off':>5} {'on':>5}"
+    lines = ["", "where the time went (seconds, as the server measured them):", head, head2]
+    lines.append("-" * len(head))
+
+    def row(s: StageSummary) -> str:
+        a, b = s.time_off, s.time_on
+        assert a is not None
+        assert b is not None
+        cached_off, cached_on = (_pct(t.cached_tokens, t.prompt_tokens) for t in (a, b))
+        return (
+            f"{s.stage:<10} {a.steps:>7} {b.steps:>7} {a.prefill:>6.1f}s {b.prefill:>6.1f}s "
+            f"{cached_off:>7} {cached_on:>7} "
+            f"{a.verify:>6.1f}s {b.verify:>6.1f}s {_f(a.ms_per_step, '.1f'):>7} "
+            f"{_f(b.ms_per_step, '.1f'):>7} {b.draft:>5.2f}s {a.python:>4.1f}s {b.python:>4.1f}s "
+            f"{a.outside:>4.1f}s {b.outside:>4.1f}s"
+        )
+
+    lines.extend(row(s) for s in report.stages)
+    lines.append("-" * len(head))
+    lines.append(row(report.overall))
+    width = max(len(name) for name, _ in TIME_COLUMNS)
+    for name, text in TIME_COLUMNS:
+        lines.extend(
+            textwrap.wrap(
+                text,
+                width=96,
+                initial_indent=f"  {name:<{width}}  ",
+                subsequent_indent=" " * (width + 4),
+            )
+        )
+    return lines
 
 
 def _label_bars(

@@ -259,6 +259,15 @@ def _fill(rec: CallRecord, response: Any) -> None:
             setattr(rec, name, int(value) if isinstance(value, int) else None)
         spec = ext.get("speculate")
         rec.speculate = spec if isinstance(spec, bool) else None
+        cached = ext.get("cached_tokens")
+        rec.cached_tokens = cached if isinstance(cached, int) and cached >= 0 else None
+        seconds = ext.get("seconds")
+        if isinstance(seconds, dict):
+            for name in ("prefill", "draft", "verify", "engine"):
+                value = seconds.get(name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    value = None
+                setattr(rec, f"{name}_s", None if value is None else float(value))
 
 
 # --- checking the outputs -------------------------------------------------------------------

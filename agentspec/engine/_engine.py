@@ -20,6 +20,7 @@ import itertools
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from agentspec._util.log import get_logger
 from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
-from agentspec.engine._verify import Verifier
+from agentspec.engine._verify import SavedPrefix, Verifier
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 
 __all__ = [
@@ -58,6 +59,9 @@ _log = get_logger()
 
 ShardKey = tuple[str, str | None, str | None]
 """``(tenant, pipeline, stage)``, as on the shard wire protocol."""
+
+#: Default byte budget of the engine's prompt prefix caches (`EngineOptions`).
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 #: How often (seconds) a request waiting for its turn checks whether it was cancelled.
 _WAIT_POLL_S = 0.05
@@ -95,6 +99,12 @@ class EngineOptions:
         max_tenant_shard_bytes: byte budget of one tenant's pushed shards
             (507 beyond it); None: none.
         max_body_bytes: largest shard push body (413 above).
+        prefix_cache_bytes: byte budget of the prompt KV caches kept for
+            reuse, one per ``(tenant, pipeline, stage)``: a request's prompt
+            starts from the KV of the longest prefix it shares with the last
+            prompt of its key (the least recently used go beyond the budget);
+            0 or None: no prefix cache.  Keyed by tenant, so one tenant's
+            prompts never make another's faster.
 
     Byte budgets accept sizes such as ``"512MiB"`` and are kept as ints.
     """
@@ -112,6 +122,7 @@ class EngineOptions:
     max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
     max_tenant_shard_bytes: int | None = DEFAULT_MAX_TENANT_SHARD_BYTES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES
 
     def __post_init__(self) -> None:
         """Validate the numbers."""
@@ -120,6 +131,7 @@ class EngineOptions:
             "max_tenant_learned_bytes",
             "max_shard_bytes",
             "max_tenant_shard_bytes",
+            "prefix_cache_bytes",
         ):
             object.__setattr__(self, name, parse_byte_size(getattr(self, name), name))
         body = parse_byte_size(self.max_body_bytes, "max_body_bytes")
@@ -191,12 +203,25 @@ class SpecStats:
         accepted: draft tokens accepted and kept (each step's bonus token not
             counted, nor tokens after a stop string, EOS or the length limit).
         speculate: whether the request drafted.
+        cached_tokens: prompt tokens whose KV came from the prefix cache.
+        prefill_s: seconds in the prefill (the prompt's forward pass).
+        draft_s: seconds drafting (suffix-tree drafts, goodput control, pruning).
+        verify_s: seconds in the verification steps (forward pass, acceptance,
+            KV-cache update).
+        engine_s: seconds from the request's turn to its end; what the three
+            above leave is per-step Python work (detokenizing, stop strings,
+            learning, counters).
     """
 
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     speculate: bool = True
+    cached_tokens: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    engine_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The ``"agentspec"`` field of a response."""
@@ -205,6 +230,13 @@ class SpecStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "speculate": self.speculate,
+            "cached_tokens": self.cached_tokens,
+            "seconds": {
+                "prefill": round(self.prefill_s, 6),
+                "draft": round(self.draft_s, 6),
+                "verify": round(self.verify_s, 6),
+                "engine": round(self.engine_s, 6),
+            },
         }
 
 
@@ -347,6 +379,9 @@ class Engine:
         self.goodput = GoodputController(enabled=self.options.goodput)
         self._ids = itertools.count(1)
         self._max_prompt_bytes: int | None = None
+        # the last prompt's KV per shard key, least recently used first; used under _lock
+        self._prefixes: OrderedDict[ShardKey, SavedPrefix] = OrderedDict()
+        self._prefix_bytes = 0
 
     # --- shards ---------------------------------------------------------------
 
@@ -408,14 +443,41 @@ class Engine:
         return self._lock.waiting
 
     def close(self) -> None:
-        """Free the learned shards."""
+        """Free the learned shards and the prefix caches."""
         self._lock.acquire()
         try:
             for spec in self._speculators.values():
                 spec.close()
             self._speculators.clear()
+            self._prefixes.clear()
+            self._prefix_bytes = 0
         finally:
             self._lock.release()
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        """The prompt prefix caches: budget, bytes held, entries (read without waiting)."""
+        return {
+            "max_bytes": self.options.prefix_cache_bytes,
+            "bytes": self._prefix_bytes,
+            "entries": len(self._prefixes),
+        }
+
+    def _keep_prefix(self, key: ShardKey) -> None:
+        """Keep the verifier's prompt KV for ``key``, evicting the least recently used."""
+        budget = self.options.prefix_cache_bytes
+        if not budget:
+            return
+        old = self._prefixes.pop(key, None)
+        if old is not None:
+            self._prefix_bytes -= old.nbytes
+        saved = self.verifier.saved_prefix()
+        if saved is None or saved.nbytes > budget:
+            return
+        while self._prefixes and self._prefix_bytes + saved.nbytes > budget:
+            _, dropped = self._prefixes.popitem(last=False)
+            self._prefix_bytes -= dropped.nbytes
+        self._prefixes[key] = saved
+        self._prefix_bytes += saved.nbytes
 
     # --- requests -------------------------------------------------------------
 
@@ -490,7 +552,11 @@ class Engine:
         out: list[int] = []
         text: list[str] = []
         finish = "length"
-        verifier.prefill(prompt)
+        clock = time.perf_counter
+        t_start = clock()
+        verifier.prefill(prompt, prefix=self._prefixes.get(req.key), logits=False)
+        stats.prefill_s = clock() - t_start
+        stats.cached_tokens = verifier.reused_tokens
         spec.start_request(rid, prompt, stage=stage, pipeline=pipeline)
         learn = False
         try:
@@ -500,6 +566,7 @@ class Engine:
                 remaining = limit - len(out)
                 depth = min(remaining - 1, self.max_model_len - len(verifier.tokens))
                 tree = None
+                t0 = clock()
                 if speculate and depth > 0:
                     draft = self._draft(spec, rid, req.key)
                     if len(draft):
@@ -510,11 +577,13 @@ class Engine:
                         if len(valid) < len(draft):
                             _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)
                         tree = valid.trimmed(depth)
-                t0 = time.perf_counter()
+                    t1 = clock()
+                    stats.draft_s += t1 - t0
+                    t0 = t1
                 emitted = verifier.step(tree, sampling=sampling, seed=seed)
-                spec.observe_step(
-                    1, 1 + (0 if tree is None else len(tree)), time.perf_counter() - t0
-                )
+                seconds = clock() - t0
+                stats.verify_s += seconds
+                spec.observe_step(1, 1 + (0 if tree is None else len(tree)), seconds)
                 stats.steps += 1
                 stats.drafted += 0 if tree is None else len(tree)
                 kept: list[int] = []
@@ -543,6 +612,7 @@ class Engine:
             learn = True
         finally:
             spec.finish(rid, learn=learn and bool(out))
+            self._keep_prefix(req.key)  # the prompt's KV is whole whatever happened after
         if learn and out and req.identity is not None and self._on_learned is not None:
             # what the shards learned: the prompt's last lead tokens, then the output
             # (the client and the vLLM worker publish the same, so copies collapse)
@@ -551,6 +621,7 @@ class Engine:
                 self._on_learned(req.key, [*lead, *out], req.identity)
             except Exception as exc:  # publishing must never fail a request
                 _log.warning("agentspec.engine.on_learned_failed", error=repr(exc)[:300])
+        stats.engine_s = clock() - t_start
         yield Completion("".join(text), out, prompt, finish, stats)
 
     def _draft(self, spec: Speculator, rid: int, key: ShardKey) -> Draft:

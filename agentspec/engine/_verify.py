@@ -26,6 +26,12 @@ and costs one gather of m columns per layer, not a second forward pass
 over the accepted tokens (the alternative: crop to the prefix and re-run
 them, about the cost of another decode step).
 
+Prompt prefixes.  `Verifier.saved_prefix` keeps the KV of the last
+sequence's prompt (a view, no copy); `Verifier.prefill` given such a
+`SavedPrefix` copies the KV of the longest common prefix into the new cache
+and runs only the rest of the prompt.  Every key and value is computed with
+its true position and context, so this is exact (as any cached decoding).
+
 The model gets the cache as ``cache=`` (transformers 5.24 renamed the
 argument; ``past_key_values=`` is deprecated there and goes in 5.40), so
 the ``local`` extra requires transformers 5.24.
@@ -36,6 +42,7 @@ from __future__ import annotations
 import operator
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,12 +58,36 @@ from agentspec.engine._sampling import (
 )
 from agentspec.exceptions import InvalidArgumentError, InvalidTokenError
 
-__all__ = ["DraftInput", "Verifier"]
+__all__ = ["DraftInput", "SavedPrefix", "Verifier"]
 
 DraftInput = (
     DraftTree | DraftLike | tuple[Sequence[int], Sequence[int] | None] | Sequence[int] | None
 )
 """What `Verifier.step` accepts as a draft (see `as_draft_tree`)."""
+
+
+@dataclass(frozen=True)
+class SavedPrefix:
+    """The KV cache of some prompt tokens, to start a later prompt that shares them.
+
+    Attributes:
+        tokens: the token ids whose keys and values are held, in order.
+        layers: per layer, ``(keys, values)`` tensors of ``len(tokens)`` positions.
+        nbytes: bytes of memory the tensors keep alive.
+    """
+
+    tokens: tuple[int, ...]
+    layers: tuple[tuple[Any, Any], ...]
+    nbytes: int
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` this prefix holds."""
+        n = min(len(ids), len(self.tokens))
+        i = 0
+        tokens = self.tokens
+        while i < n and tokens[i] == ids[i]:
+            i += 1
+        return i
 
 
 def _import_torch() -> Any:
@@ -97,6 +128,8 @@ class Verifier:
         self._tokens: list[int] = []  # committed tokens; the last one is pending
         self._prompt_len = 0  # the first tokens of _tokens are the prompt
         self.forward_passes = 0
+        #: Prompt tokens the last `prefill` took from its ``prefix`` instead of computing.
+        self.reused_tokens = 0
 
     # --- state -----------------------------------------------------------------
 
@@ -136,12 +169,20 @@ class Verifier:
                 raise InvalidTokenError(f"{name} token {t} outside [0, {self.vocab_size})", i)
         return out
 
-    def prefill(self, prompt_ids: Sequence[int]) -> Any:
+    def prefill(
+        self, prompt_ids: Sequence[int], *, prefix: SavedPrefix | None = None, logits: bool = True
+    ) -> Any:
         """Start a sequence: run the prompt and return the last position's logits.
 
         The returned logits (a float32 tensor of shape ``(vocab,)``) score the
         first generated token.  The prompt's last token stays pending: the
         first `step` recomputes it together with the first draft.
+
+        With ``prefix`` (a `saved_prefix` of an earlier prompt), the keys and
+        values of the tokens the prompt shares with it are copied instead of
+        computed (`reused_tokens` says how many).  With ``logits=False``
+        nothing is returned and a prompt the prefix holds whole (but its last
+        token) needs no forward pass at all.
 
         Raises:
             InvalidArgumentError: empty prompt or longer than the model's context.
@@ -156,19 +197,46 @@ class Verifier:
             )
         torch = self._torch
         cache = self._cache_cls(config=self.model.config)
+        # the last prompt token is always computed or left pending, never reused
+        reused = 0 if prefix is None else prefix.common_prefix(ids[:-1])
+        out = None
         with torch.inference_mode():
-            out = self.model(
-                input_ids=torch.tensor([ids], device=self.device),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        self.forward_passes += 1
-        cache.crop(-1)  # the last prompt token stays pending
+            for i, (keys, values) in enumerate(prefix.layers if prefix and reused else ()):
+                cache.update(keys[:, :, :reused], values[:, :, :reused], i)
+            if logits or reused < len(ids) - 1:
+                out = self.model(
+                    input_ids=torch.tensor([ids[reused:]], device=self.device),
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                self.forward_passes += 1
+                cache.crop(-1)  # the last prompt token stays pending
         self._cache = cache
         self._tokens = ids
         self._prompt_len = len(ids)
-        return out.logits[0, -1].float()
+        self.reused_tokens = reused
+        return None if out is None or not logits else out.logits[0, -1].float()
+
+    def saved_prefix(self) -> SavedPrefix | None:
+        """The KV of the current prompt but its last token, for a later `prefill`
+        (views of the cache, no copy; None before a prefill or for a one-token prompt).
+
+        Steps never write into the prompt's positions, so the views stay valid
+        while the sequence goes on and after the next `prefill` replaces it.
+        """
+        n = self._prompt_len - 1
+        if self._cache is None or n < 1:
+            return None
+        layers: list[tuple[Any, Any]] = []
+        storages: dict[int, int] = {}
+        for layer in self._cache.layers:
+            keys, values = layer.keys[:, :, :n], layer.values[:, :, :n]
+            layers.append((keys, values))
+            for t in (keys, values):
+                store = t.untyped_storage()
+                storages[store.data_ptr()] = store.nbytes()
+        return SavedPrefix(tuple(self._tokens[:n]), tuple(layers), sum(storages.values()))
 
     def _mask(self, tree: DraftTree, base: int) -> Any:
         """The ``(1, 1, 1 + n, base + 1 + n)`` additive mask for a step."""

@@ -101,6 +101,14 @@ class _Handler(BaseHTTPRequestHandler):
             "drafted": 8 * steps if speculate else 0,
             "accepted": len(ids) - steps,
             "speculate": bool(speculate) or owner.always_speculate,
+            "cached_tokens": 4,
+            # the server's own account: 10 ms prefill, 5 ms per step, 1 ms per draft
+            "seconds": {
+                "prefill": 0.01,
+                "draft": 0.001 * steps if speculate else 0.0,
+                "verify": 0.005 * steps,
+                "engine": 0.01 + (0.006 if speculate else 0.005) * steps + 0.002,
+            },
         }
         choice: dict[str, Any] = {
             "index": 0,
@@ -366,14 +374,43 @@ def test_failed_calls_fail_the_demo(server, tmp_path, capsys):
     assert "Enrich: HTTP 500" in err
 
 
+def test_time_table_says_where_the_time_went(server, tmp_path, capsys):
+    assert demo(server, tmp_path, "--no-chart") == 0
+    out = capsys.readouterr().out
+    assert "where the time went" in out
+    for name in ("prefill", "cached", "verify", "ms/step", "draft", "python", "outside"):
+        assert name in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    for s in [*report["stages"], report["overall"]]:
+        off, on = s["time_off"], s["time_on"]
+        recs = [c for c in calls if s["stage"] in ("overall", c["stage"])]
+        for run, t in (("off", off), ("on", on)):
+            mine = [c for c in recs if c["run"] == run]
+            assert t["steps"] == s[f"steps_{run}"]
+            assert t["prefill"] == pytest.approx(0.01 * len(mine))
+            assert t["verify"] == pytest.approx(0.005 * t["steps"])
+            assert t["python"] == pytest.approx(0.002 * len(mine))
+            assert t["cached_tokens"] == 4 * len(mine)
+            assert t["prompt_tokens"] == 10 * len(mine)
+            engine = sum(c["engine_s"] for c in mine)
+            assert t["outside"] == pytest.approx(
+                max(0.0, sum(c["exclusive_s"] for c in mine) - engine)
+            )
+        assert off["draft"] == 0.0
+        assert on["draft"] == pytest.approx(0.001 * on["steps"])
+
+
 def test_server_without_step_counts(server, tmp_path, capsys):
     server.no_extension = True
     assert demo(server, tmp_path, "--no-chart") == 0
     captured = capsys.readouterr()
     assert "no 'agentspec' step counts" in captured.err
     assert "n/a" in captured.out
+    assert "where the time went" not in captured.out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["overall"]["tokens_per_step"] is None
+    assert report["overall"]["time_on"] is None
     assert not next(c for c in report["checks"] if "Extract" in c["name"])["ok"]
 
 

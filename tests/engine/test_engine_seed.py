@@ -306,3 +306,41 @@ def test_seed_must_be_an_integer(server: Any) -> None:
         status, raw = _post(server, "/v1/completions", {"prompt": "hi", "seed": bad})
         assert status == 400
         assert json.loads(raw)["error"]["param"] == "seed"
+
+
+def test_engine_prefix_cache_per_key_changes_no_token(model_tok: tuple[Any, Any]) -> None:
+    """A request starts from the prompt KV of the last request of its (tenant, stage) key:
+    the same tokens as without the cache, never from another tenant's prompt."""
+    tok = model_tok[1]
+
+    def prompt(question: str) -> list[int]:
+        chat = [
+            {"role": "system", "content": "You answer in one short line. " * 12},
+            {"role": "user", "content": question},
+        ]
+        return list(tok.apply_chat_template(chat, add_generation_prompt=True)["input_ids"])
+
+    first, second = prompt("Name five fruits."), prompt("Name three rivers.")
+    cached = Engine(*model_tok, EngineOptions())
+    plain = Engine(*model_tok, EngineOptions(prefix_cache_bytes=0))
+
+    def run(engine: Engine, ids: list[int], tenant: str) -> Completion:
+        req = GenerationRequest(ids, max_tokens=12, key=(tenant, None, "s"), speculate=False)
+        return next(x for x in engine.generate(req) if isinstance(x, Completion))
+
+    try:
+        assert run(cached, first, "a").stats.cached_tokens == 0
+        hit = run(cached, second, "a")
+        common = next(i for i, (x, y) in enumerate(zip(first, second, strict=False)) if x != y)
+        assert hit.stats.cached_tokens == common > 0
+        assert hit.token_ids == run(plain, second, "a").token_ids
+        assert run(cached, second, "b").stats.cached_tokens == 0  # another tenant
+        assert run(cached, second, "a").stats.cached_tokens == len(second) - 1
+        assert cached.prefix_cache_stats()["entries"] == 2
+        assert 0 < cached.prefix_cache_stats()["bytes"] <= (1 << 30)
+        assert plain.prefix_cache_stats()["entries"] == 0
+        assert run(plain, second, "a").stats.cached_tokens == 0
+    finally:
+        cached.close()
+        plain.close()
+    assert cached.prefix_cache_stats() == {"max_bytes": 1 << 30, "bytes": 0, "entries": 0}

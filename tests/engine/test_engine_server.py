@@ -148,12 +148,12 @@ def test_greedy_chat_lossless_plain_and_streamed(client) -> None:
         assert _text(on) == _text(off)
         assert streamed["ids"] == ref
         assert streamed["text"] == _text(off)
-        assert off["agentspec"] == {
-            "steps": len(ref),
-            "drafted": 0,
-            "accepted": 0,
-            "speculate": False,
-        }
+        counters = {k: off["agentspec"][k] for k in ("steps", "drafted", "accepted", "speculate")}
+        assert counters == {"steps": len(ref), "drafted": 0, "accepted": 0, "speculate": False}
+        seconds = off["agentspec"]["seconds"]
+        assert set(seconds) == {"prefill", "draft", "verify", "engine"}
+        assert seconds["draft"] == 0.0 < seconds["verify"]
+        assert seconds["prefill"] + seconds["verify"] <= seconds["engine"]
         assert on["agentspec"]["speculate"] is True
         # The spec-off run was learned into the stage: the next runs draft from it.
         assert on["agentspec"]["accepted"] > 0
@@ -278,7 +278,14 @@ def test_stream_shape_usage_and_token_ids(server, model_tok) -> None:
     assert chunks[0]["prompt_token_ids"] == list(expected_prompt)
     final, usage = chunks[-2], chunks[-1]
     assert final["choices"][0]["finish_reason"] == "length"
-    assert set(final["agentspec"]) == {"steps", "drafted", "accepted", "speculate"}
+    assert set(final["agentspec"]) == {
+        "steps",
+        "drafted",
+        "accepted",
+        "speculate",
+        "cached_tokens",
+        "seconds",
+    }
     assert usage["choices"] == []
     assert usage["usage"]["completion_tokens"] == 12
     assert usage["usage"]["prompt_tokens"] == len(expected_prompt)

@@ -370,3 +370,44 @@ def test_sampling_accepts_certain_tokens_and_rejects_impossible_ones():
         path, tok = accept_sampling(probs, [1, 2], [-1, -1], rng)
         assert path == []
         assert tok == 3
+
+
+# --- prompt prefixes ------------------------------------------------------------
+
+
+def test_prefill_from_a_saved_prefix_is_exact(model_tok, prompts, reference, eos):
+    """A prompt started from another prompt's saved KV decodes as from a fresh prefill."""
+    v = Verifier(model_tok[0])
+    assert v.saved_prefix() is None  # nothing prefilled yet
+    shared = prompts[0][:-3]  # a prompt that shares all but the last tokens of prompts[0]
+    v.prefill([*shared, 11, 12, 13])
+    saved = v.saved_prefix()
+    assert saved is not None
+    assert saved.tokens == (*shared, 11, 12)  # all but the pending last token
+    assert saved.nbytes > 0
+    assert saved.common_prefix(prompts[0]) == len(shared)
+    v.prefill(prompts[0], prefix=saved, logits=False)
+    assert v.reused_tokens == len(shared)
+    assert v.cache_len == len(prompts[0]) - 1
+    out: list[int] = []
+    while len(out) < MAX_NEW and not (out and out[-1] in eos):
+        out += v.step(None)
+    assert out[: len(reference[0])] == reference[0]
+
+
+def test_prefill_of_a_prompt_held_whole_runs_no_forward_pass(model_tok, prompts, reference, eos):
+    v = Verifier(model_tok[0])
+    v.prefill(prompts[1])
+    saved = v.saved_prefix()
+    passes = v.forward_passes
+    v.prefill(prompts[1], prefix=saved, logits=False)
+    assert v.forward_passes == passes  # the prefix held everything but the pending token
+    assert v.reused_tokens == len(prompts[1]) - 1
+    res_tokens: list[int] = []
+    while len(res_tokens) < len(reference[1]):
+        res_tokens += v.step(None)
+    assert res_tokens[: len(reference[1])] == reference[1]
+    # with logits wanted the last token is computed, and a foreign prefix reuses nothing
+    assert v.prefill(prompts[1], prefix=saved).shape == (v.vocab_size,)
+    v.prefill(prompts[2], prefix=saved)
+    assert v.reused_tokens == saved.common_prefix(prompts[2]) < len(prompts[2]) - 1
