@@ -103,7 +103,7 @@ def test_smoke_run_report_structure_and_acceptance(tmp_path: Path) -> None:
             "--max-sessions",
             "20",
             "--backends",
-            "arctic,agentspec,agentspec-cursor,agentspec-raw",
+            "arctic,agentspec,agentspec-cursor,agentspec-confident,agentspec-raw",
             "--json",
             str(out),
         ],
@@ -115,7 +115,9 @@ def test_smoke_run_report_structure_and_acceptance(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     doc = json.loads(out.read_text())
     assert doc["config"] == {"depth": 64, "max_spec_tokens": 32, "alpha": 1.0, "min_prob": 0.1}
-    assert {"agentspec", "agentspec-cursor", "agentspec-raw"} <= set(doc["backends"])
+    assert {"agentspec", "agentspec-cursor", "agentspec-confident", "agentspec-raw"} <= set(
+        doc["backends"]
+    )
     (f,) = doc["files"]
     counts = f["counts"]
     assert counts["sessions"] == 20
@@ -144,9 +146,17 @@ def test_smoke_run_report_structure_and_acceptance(tmp_path: Path) -> None:
     cur, raw = f["backends"]["agentspec-cursor"], f["backends"]["agentspec-raw"]
     for key in ("steps", "mat", "drafted_per_step", "acceptance_rate", "cached_tokens"):
         assert raw[key] == cur[key], key
+    # the confident backend is the cursor path with other params: same tokens, its own drafts
+    conf = f["backends"]["agentspec-confident"]
+    assert conf["cached_tokens"] == cur["cached_tokens"]
+    assert conf["drafted_per_step"] != cur["drafted_per_step"]
     targets = f["targets"]
     assert targets
     assert all(isinstance(t["pass"], bool) for t in targets)
-    assert {t["backend"] for t in targets} == {"agentspec", "agentspec-cursor"}
+    assert {t["backend"] for t in targets} == {
+        "agentspec",
+        "agentspec-cursor",
+        "agentspec-confident",
+    }
     assert f"### {f['name']}" in res.stdout
     assert "| metric |" in res.stdout
