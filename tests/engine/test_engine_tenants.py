@@ -189,6 +189,13 @@ def _listed(srv: Any) -> set[tuple[str, str | None, str | None]]:
     return {(s["tenant"], s["pipeline"], s["stage"]) for s in obj["shards"]}
 
 
+def _work(resp: dict[str, Any]) -> dict[str, Any]:
+    """A response's ``agentspec`` counters without its wall-clock ``seconds``: steps,
+    drafted and accepted tokens, and the prompt tokens taken from the (per-tenant)
+    prefix cache must be equal, the timings never are."""
+    return {k: v for k, v in resp["agentspec"].items() if k != "seconds"}
+
+
 def test_learned_shard_of_one_tenant_never_drafts_for_another(server: Any) -> None:
     first = _chat(server, "sk-a", "probe")
     again = _chat(server, "sk-a", "probe")
@@ -200,7 +207,7 @@ def test_learned_shard_of_one_tenant_never_drafts_for_another(server: Any) -> No
     probe = _chat(server, "sk-b", "probe", tenant="team-a")
     fresh = _chat(server, "sk-c", "probe")
     assert probe["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
-    assert probe["agentspec"] == fresh["agentspec"] == first["agentspec"]
+    assert _work(probe) == _work(fresh) == _work(first)
     assert probe["agentspec"]["accepted"] < again["agentspec"]["accepted"]
     learned = server.engine.learned_shards()
     assert ("team-b", None, "probe") in learned  # B's response went to B's shard
@@ -219,7 +226,7 @@ def test_pushed_shard_of_one_tenant_never_drafts_for_another(server: Any) -> Non
     probe = _chat(server, "sk-e", "pushed-stage", OTHER, tenant="team-a", pipeline="pushed-pipe")
     fresh = _chat(server, "sk-f", "pushed-stage", OTHER, pipeline="pushed-pipe")
     assert probe["choices"][0]["token_ids"] == out
-    assert probe["agentspec"] == fresh["agentspec"]
+    assert _work(probe) == _work(fresh)
     assert probe["agentspec"]["accepted"] < owner["agentspec"]["accepted"]
 
 
