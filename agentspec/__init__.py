@@ -38,12 +38,12 @@ from agentspec._core.batch import BatchDrafter, draft_batch
 from agentspec._core.cursor import Cursor
 from agentspec._core.draft import Draft, DraftParams, confidence_table
 from agentspec._core.goodput import GoodputController
-from agentspec._core.shardkey import ShardKey
 from agentspec._core.speculator import Speculator
 from agentspec._core.tree import SuffixTree, TreeStats
 from agentspec._push.intake import ShardIntake, serve_intake
 from agentspec._push.pusher import EndpointStatus, PushError, ShardPusher
 from agentspec._store.store import ShardStats, ShardStore
+from agentspec.protocol import ShardKey
 
 if _typing.TYPE_CHECKING:
     from agentspec._client.client import AgentSpecClient, AsyncAgentSpecClient

@@ -8,7 +8,11 @@ alike: an import deferred into a function still ties the two modules together.
 A ``from package import name`` where ``name`` is a submodule counts as an import
 of that submodule.
 
-Two rules, both failing the check (exit 1) with every offending edge named:
+A module loaded by name -- ``importlib.import_module("...")`` or
+``__import__("...")`` -- counts as imported too; such a load must name its
+module with a string literal, or the check cannot follow it.
+
+Rules, each failing the check (exit 1) with every offending edge named:
 
 1. **No circles**: the module graph has no cycle (each strongly connected
    component of more than one module is printed with the edges that close it).
@@ -16,6 +20,11 @@ Two rules, both failing the check (exit 1) with every offending edge named:
    whose prefix matches it; a module may import its own layer and the layers
    listed before it, never one listed after it.  A module that no prefix
    matches is an error too, so a new module has to be placed on purpose.
+3. **The integrations sit on top**: every package under ``integrations/*/``
+   (``agentspec_vllm``, ``agentspec_litellm``, ...) builds on the public API
+   only -- an import or load of ``agentspec._*`` (or of any module with a
+   private part, ``agentspec.engine._openai``) from one fails -- and the
+   package never imports or loads an integration (an arrow upwards).
 
 ``--graph`` prints the edges between layers (with counts), the map that
 docs/architecture.md draws.  Run by ``scripts/test``; ``python
@@ -47,6 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "agentspec.traces",
             "agentspec.chat",
             "agentspec.models",
+            "agentspec.protocol",
         ),
     ),
     ("core", ("agentspec._core", "agentspec.compat")),
@@ -55,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("push", ("agentspec._push",)),
     ("client", ("agentspec._client",)),
     ("facade", ("agentspec",)),
+    ("integration", ("agentspec.integration",)),
     ("engine", ("agentspec.engine",)),
     ("bench", ("agentspec.bench",)),
     ("demo", ("agentspec.demo",)),
@@ -63,6 +74,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 #: Compiled extension modules (no source to read; the binding imports them).
 EXTENSIONS = frozenset({"agentspec._agentspec_cffi"})
+
+#: The folder whose ``*/<package>/`` directories are the integrations.
+INTEGRATIONS = "integrations"
+
+#: Calls that load a module by name: ``importlib.import_module(name)``,
+#: ``import_module(name)`` (imported from importlib) and ``__import__(name)``.
+_LOADERS = frozenset({"import_module", "__import__"})
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -73,6 +91,26 @@ def module_files(root: Path) -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
+    return out
+
+
+def is_private(name: str) -> bool:
+    """Whether a dotted ``agentspec...`` name has a private part (``_core``, ``_openai``)."""
+    return name.split(".")[0] == PACKAGE and any(p.startswith("_") for p in name.split(".")[1:])
+
+
+def integration_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every package under ``integrations/*/``."""
+    out = {}
+    for init in sorted((root / INTEGRATIONS).glob("*/*/__init__.py")):
+        pkg = init.parent
+        if pkg.name == "tests":
+            continue
+        for path in sorted(pkg.rglob("*.py")):
+            parts = [pkg.name, *path.relative_to(pkg).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -87,10 +125,60 @@ def _resolve_from(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def loads_of(tree: ast.AST) -> Iterator[tuple[str | None, int]]:
+    """``(module name, line)`` of each load by name (None: not a string literal)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = (
+            func.attr
+            if isinstance(func, ast.Attribute)
+            else func.id
+            if isinstance(func, ast.Name)
+            else None
+        )
+        if name not in _LOADERS or not node.args:
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            yield arg.value, node.lineno
+        else:
+            yield None, node.lineno
+
+
+def imported_names(module: str, path: Path) -> Iterator[tuple[str, int]]:
+    """``(dotted name, line)`` of everything ``module`` imports or loads by name.
+
+    A ``from X import a`` yields ``X.a`` (``a`` may be a submodule), or ``X``
+    alone when ``X`` is private already; a load whose name is not a string
+    literal yields ``""``.  Each name is yielded once per line.
+    """
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    seen = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve_from(module, is_pkg, node)
+            names = [target if is_private(target) else f"{target}.{a.name}" for a in node.names]
+        for name in names:
+            if (name, node.lineno) not in seen:
+                seen.add((name, node.lineno))
+                yield name, node.lineno
+    for name, line in loads_of(tree):
+        yield name or "", line
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, int]]:
     """``(imported module, line)`` for each package module ``module`` imports."""
     tree = ast.parse(path.read_text(), str(path))
     is_pkg = path.name == "__init__.py"
+    for name, line in loads_of(tree):
+        if name is not None and (name == PACKAGE or name.startswith(PACKAGE + ".")):
+            yield _known_prefix(name, known), line
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -121,6 +209,35 @@ def layer_of(module: str) -> int | None:
             if module == p or (p != PACKAGE and module.startswith(p + ".")):
                 return i
     return None
+
+
+def integration_problems(root: Path, files: dict[str, Path]) -> list[str]:
+    """Rule 3: the integrations import public modules only; the package never
+    imports or loads an integration."""
+    integrations = integration_files(root)
+    tops = {m.split(".")[0] for m in integrations}
+    problems = []
+    for module, path in integrations.items():
+        for name, line in imported_names(module, path):
+            where = f"{path.relative_to(root)}:{line}: {module}"
+            if name == "":
+                problems.append(f"{where} loads a module whose name is not a string literal")
+            elif is_private(name):
+                problems.append(
+                    f"{where} imports {name}, a private module (use the public API: "
+                    "agentspec, agentspec.protocol, agentspec.integration, ...)"
+                )
+    for module, path in files.items():
+        for name, line in imported_names(module, path):
+            where = f"{path.relative_to(root)}:{line}: {module}"
+            if name == "":
+                problems.append(f"{where} loads a module whose name is not a string literal")
+            elif name.split(".")[0] in tops:
+                problems.append(
+                    f"{where} imports {name}, an integration (integrations build on the "
+                    "package, never the other way round)"
+                )
+    return problems
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -199,6 +316,7 @@ def check(root: Path, show_graph: bool = False) -> list[str]:
                     f"{module} ({LAYERS[lm][0]}) imports {target} ({LAYERS[lt][0]}), "
                     "a higher layer"
                 )
+    problems += integration_problems(root, files)
     for comp in cycles(edges):
         inside = [
             f"{m} -> {t} (line {where[(m, t)]})"
@@ -225,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_imports: {len(problems)} problem(s)", file=sys.stderr)
         return 1
     n = len(module_files(args.root))
-    print(f"check_imports: {n} modules, no circle, every import points down a layer")
+    k = len(integration_files(args.root))
+    print(
+        f"check_imports: {n} modules, no circle, every import points down a layer; "
+        f"{k} integration modules on the public API"
+    )
     return 0
 
 

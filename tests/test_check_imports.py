@@ -107,7 +107,104 @@ BROKEN = {
         },
         ["agentspec._core.tree (core) imports agentspec.fleet (fleet)"],
     ),
+    "an integration importing a private module": (
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": "",
+            "integrations/x/agentspec_x/__init__.py": "",
+            "integrations/x/agentspec_x/m.py": "from agentspec._core.tree import SuffixTree\n",
+        },
+        ["m.py:1: ", "agentspec_x.m imports agentspec._core.tree, a private module"],
+    ),
+    "an integration importing a private engine module": (
+        {
+            "agentspec/engine/__init__.py": "",
+            "agentspec/engine/_openai.py": "",
+            "integrations/x/agentspec_x/__init__.py": "from agentspec.engine import _openai\n",
+        },
+        ["agentspec_x imports agentspec.engine._openai, a private module"],
+    ),
+    "an integration loading a private module by name": (
+        {
+            "agentspec/_util/__init__.py": "",
+            "integrations/x/agentspec_x/__init__.py": (
+                "import importlib\nlog = importlib.import_module('agentspec._util')\n"
+            ),
+        },
+        ["__init__.py:2: ", "agentspec_x imports agentspec._util, a private module"],
+    ),
+    "the package loading an integration by name": (
+        {
+            "agentspec/_cli/__init__.py": "",
+            "agentspec/_cli/vllm.py": (
+                "import importlib\n"
+                "def check():\n"
+                "    importlib.import_module('agentspec_x.config')\n"
+            ),
+            "integrations/x/agentspec_x/__init__.py": "",
+            "integrations/x/agentspec_x/config.py": "",
+        },
+        ["vllm.py:3: ", "agentspec._cli.vllm imports agentspec_x.config, an integration"],
+    ),
+    "the package importing an integration": (
+        {
+            "agentspec/_cli/__init__.py": "",
+            "agentspec/_cli/vllm.py": "from agentspec_x import config\n",
+            "integrations/x/agentspec_x/__init__.py": "",
+        },
+        ["agentspec._cli.vllm imports agentspec_x.config, an integration"],
+    ),
+    "a load by name up a layer": (
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": "__import__('agentspec._store.store')\n",
+            "agentspec/_store/__init__.py": "",
+            "agentspec/_store/store.py": "",
+        },
+        ["agentspec._core.tree (core) imports agentspec._store.store (store), a higher layer"],
+    ),
+    "a load by a computed name": (
+        {
+            "agentspec/_core/__init__.py": "",
+            "agentspec/_core/tree.py": (
+                "from importlib import import_module\nimport_module('agentspec.' + 'x')\n"
+            ),
+        },
+        ["tree.py:2: ", "loads a module whose name is not a string literal"],
+    ),
 }
+
+
+def test_an_integration_on_the_public_api_passes(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "agentspec/protocol.py": "",
+            "agentspec/_util/__init__.py": "",
+            "agentspec/integration/__init__.py": "from agentspec._util import log\n",
+            "integrations/x/agentspec_x/__init__.py": (
+                "import agentspec\n"
+                "from agentspec.protocol import DEFAULT_TENANT\n"
+                "from agentspec.integration import get_logger\n"
+                "from . import m\n"
+            ),
+            "integrations/x/agentspec_x/m.py": "from agentspec_x import n\n",
+            "integrations/x/tests/test_x.py": "from agentspec._util import log\n",
+        },
+    )
+    assert check_imports.check(root) == []
+
+
+def test_the_integrations_are_checked() -> None:
+    modules = check_imports.integration_files(REPO)
+    assert "agentspec_vllm.proposer" in modules
+    assert "agentspec_litellm.hook" in modules
+    assert not any(".tests" in m or m.startswith("tests") for m in modules)
+
+
+def test_the_protocol_is_foundation() -> None:
+    # the protocol module may be imported by every layer and every integration
+    assert check_imports.layer_of("agentspec.protocol") == 0
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))

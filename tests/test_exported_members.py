@@ -20,6 +20,8 @@ LAZY_SUBMODULES = {
     "engine",
     "fleet",
     "models",
+    "protocol",
+    "integration",
     "traces",
 }
 # Names loaded on first access (they import openai).

@@ -24,7 +24,7 @@
   guards the OpenAI routes and the shard pushes alike.  Without vLLM (and
   the ``agentspec-vllm`` plugin package) in the chosen Python, serve exits
   with status 2 and says so.  ``--tenant-keys FILE`` (a JSON object
-  ``{api_key: tenant}``, `agentspec._push.tenants.load_tenant_keys`) reaches the
+  ``{api_key: tenant}``, `agentspec.protocol.load_tenant_keys`) reaches the
   header middleware as ``$AGENTSPEC_TENANT_KEYS``.
 - ``agentspec serve MODEL --engine embedded`` serves with `agentspec.engine`
   instead; ``--tenant-keys`` takes each request's tenant from its key and
@@ -69,7 +69,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentspec._core.budget import parse_byte_size
-from agentspec._push.tenants import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
 from agentspec._util import secrets_source
 from agentspec._util.cli import LOG_LEVELS
 from agentspec._util.keys import API_KEY_ENV, server_api_key
@@ -80,6 +79,8 @@ from agentspec._util.secrets_source import (
     has_password,
 )
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.integration.vllm_config import load_config as load_plugin_config
+from agentspec.protocol import ADMIN_KEY_ENV, TENANT_KEYS_ENV, load_tenant_keys
 
 __all__ = [
     "API_SERVER_MODULE",
@@ -175,8 +176,7 @@ def _check_agentspec_config(config: Mapping[str, Any]) -> None:
     """
     if importlib.util.find_spec("agentspec_vllm") is None:
         return
-    plugin_config = importlib.import_module("agentspec_vllm.config")
-    plugin_config.load_config({"agentspec": dict(config)}, environ={})
+    load_plugin_config({"agentspec": dict(config)}, environ={})
 
 
 def vllm_launch(

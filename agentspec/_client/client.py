@@ -52,20 +52,22 @@ from agentspec._client.learn import Finished, Recorder, RecorderStats
 from agentspec._client.outputs import Api
 from agentspec._client.outputs import load_tokenizer as _load_tokenizer
 from agentspec._client.stream import tee_async_stream, tee_stream
-from agentspec._client.tags import (
-    HEADER_PIPELINE,
-    HEADER_SESSION,
-    HEADER_STAGE,
-    Tags,
-    TagScope,
-    check_tag,
-    encode_header_value,
-    resolve,
-)
+from agentspec._client.tags import Tags, TagScope, resolve
 from agentspec._client.trace import TraceSessions
 from agentspec._util.keys import client_api_key
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import (
+    HEADER_PIPELINE,
+    HEADER_SESSION,
+    HEADER_STAGE,
+    MAX_IDENTITY,
+    XARG_REQUEST_ID,
+    XARGS_FIELD,
+    check_tag,
+    encode_header_value,
+    tag_xargs,
+)
 
 if TYPE_CHECKING:
     from agentspec._push.pusher import ShardPusher
@@ -164,27 +166,25 @@ class _Core:
             )
         request_id = None
         if self.tags_in_body:
-            xargs = {"agentspec_tenant": self.tenant}
-            if self.fleet:
-                xargs["agentspec_request_id"] = uuid.uuid4().hex
-            if tags.session is not None:
-                xargs["agentspec_session"] = tags.session
-            if tags.stage is not None:
-                xargs["agentspec_stage"] = tags.stage
-            if tags.pipeline is not None:
-                xargs["agentspec_pipeline"] = tags.pipeline
-            own = body.get("vllm_xargs")
+            xargs = tag_xargs(
+                self.tenant,
+                session=tags.session,
+                stage=tags.stage,
+                pipeline=tags.pipeline,
+                request_id=uuid.uuid4().hex if self.fleet else None,
+            )
+            own = body.get(XARGS_FIELD)
             if own is None:
-                body["vllm_xargs"] = xargs
+                body[XARGS_FIELD] = xargs
             elif isinstance(own, Mapping):
-                body["vllm_xargs"] = {**xargs, **own}
+                body[XARGS_FIELD] = {**xargs, **own}
             else:
                 raise InvalidArgumentError(
-                    f"extra_body['vllm_xargs'] must be a mapping, got {type(own).__name__}"
+                    f"extra_body[{XARGS_FIELD!r}] must be a mapping, got {type(own).__name__}"
                 )
             if self.fleet:
-                rid = body["vllm_xargs"].get("agentspec_request_id")
-                request_id = rid if isinstance(rid, str) and 1 <= len(rid) <= 256 else None
+                rid = body[XARGS_FIELD].get(XARG_REQUEST_ID)
+                request_id = rid if isinstance(rid, str) and 1 <= len(rid) <= MAX_IDENTITY else None
         if self.return_token_ids and api != "responses":
             body.setdefault("return_token_ids", True)
         if body:

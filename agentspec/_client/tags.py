@@ -16,22 +16,28 @@ its own.  Every scope is both a ``with`` and an ``async with`` context manager.
 A tag is a str of 1..128 characters without NUL or other control characters;
 anything else raises `InvalidArgumentError` when the scope (or call) is made.
 
-Over HTTP the tags travel in ``X-AgentSpec-*`` headers.  A value that is not
-plain printable ASCII (or holds ``%``) is sent percent-encoded (UTF-8), so the
-receiving side always applies `decode_header_value` (``urllib.parse.unquote``).
+Over HTTP the tags travel in ``vllm_xargs`` and in ``X-AgentSpec-*`` headers;
+their names, the rules for a tag and the header codec are `agentspec.protocol`'s
+(re-exported here).
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 from types import TracebackType
-from urllib.parse import quote, unquote
 
-from agentspec._core.shardkey import MAX_COMPONENT, check_tag
+from agentspec.protocol import (
+    HEADER_PIPELINE,
+    HEADER_SESSION,
+    HEADER_STAGE,
+    MAX_TAG_LENGTH,
+    check_tag,
+    decode_header_value,
+    encode_header_value,
+)
 
 __all__ = [
     "HEADER_PIPELINE",
@@ -48,32 +54,6 @@ __all__ = [
     "session",
     "stage",
 ]
-
-#: Longest allowed tag, in characters.
-MAX_TAG_LENGTH = MAX_COMPONENT
-
-#: Request header carrying the session id.
-HEADER_SESSION = "X-AgentSpec-Session"
-#: Request header carrying the stage.
-HEADER_STAGE = "X-AgentSpec-Stage"
-#: Request header carrying the pipeline.
-HEADER_PIPELINE = "X-AgentSpec-Pipeline"
-
-# Sent as is: printable ASCII without "%", not starting or ending with a space.
-_HEADER_SAFE = re.compile(r"[!-$&-~](?:[ !-$&-~]*[!-$&-~])?")
-_QUOTE_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
-
-
-def encode_header_value(value: str) -> str:
-    """A tag as an HTTP header value: unchanged if plain ASCII, else percent-encoded."""
-    if _HEADER_SAFE.fullmatch(value):
-        return value
-    return quote(value, safe=_QUOTE_SAFE)
-
-
-def decode_header_value(value: str) -> str:
-    """Inverse of `encode_header_value` (``urllib.parse.unquote``)."""
-    return unquote(value)
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,11 @@ from agentspec._core.tree import SuffixTree
 from agentspec._util.args import as_int
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import StageKey
 
-__all__ = ["MAX_EXTRA_TREES", "ShardKey", "Speculator"]
+__all__ = ["MAX_EXTRA_TREES", "Speculator", "StageKey"]
 
 _log = get_logger()
-
-ShardKey = tuple[str | None, str | None]
-"""``(pipeline, stage)``; None stands for "untagged"."""
 
 #: Most ``extra_trees`` one draft accepts: a request drafts from its stage shard
 #: and its pipeline tree, and the native call takes `lowlevel.MAX_GLOBALS` trees.
@@ -112,7 +110,7 @@ class _Request:
     """One active request."""
 
     cursor: Cursor
-    key: ShardKey
+    key: StageKey
     response: array.array[int] = field(default_factory=lambda: array.array("i"))
     lead: array.array[int] | None = None  # the prompt's last tokens, learned before `response`
     trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
@@ -121,7 +119,7 @@ class _Request:
     last: Draft | None = None  # its last controlled draft, until `extend` reports on it
 
 
-def _group(req: _Request, draft: Draft) -> tuple[ShardKey, str, int]:
+def _group(req: _Request, draft: Draft) -> tuple[StageKey, str, int]:
     """A draft's calibration group: its shard key, its tree, and its match length in
     powers of two (a long match is better evidence than a short one at equal counts)."""
     return req.key, draft.source, min(draft.match_len, 64).bit_length()
@@ -227,7 +225,7 @@ class Speculator:
         self.evicted_bytes = 0
         self._lead_tokens = lead_tokens
         self._live = live
-        self._stages: dict[ShardKey, _Shard] = {}
+        self._stages: dict[StageKey, _Shard] = {}
         self._pipelines: dict[str | None, _Shard] = {}
         self._requests: dict[Hashable, _Request] = {}
         self._next_seq = 0
@@ -597,7 +595,7 @@ class Speculator:
         del lead[: max(0, len(lead) - self._lead_tokens)]
         return lead if len(lead) else None
 
-    def _add(self, tokens: TokenArray, key: ShardKey) -> None:
+    def _add(self, tokens: TokenArray, key: StageKey) -> None:
         """Learn one sequence into the shards of ``key``."""
         pipeline, stage = key
         _, n, keep = as_int32_buffer(tokens)
@@ -609,7 +607,7 @@ class Speculator:
             self._learn(shard, seq, keep, n, stamp)
         self._enforce()
 
-    def _drop_empty(self, key: ShardKey) -> None:
+    def _drop_empty(self, key: StageKey) -> None:
         """Undo the shards an unlearned live response made, as if it never came.
 
         Without live learning a shard exists once a response was learned into
@@ -768,7 +766,7 @@ class Speculator:
         found = self._pipelines.get(pipeline)
         return found.tree if found else None
 
-    def shards(self) -> dict[ShardKey, SuffixTree]:
+    def shards(self) -> dict[StageKey, SuffixTree]:
         """Every stage shard by (pipeline, stage)."""
         return {key: shard.tree for key, shard in self._stages.items()}
 
@@ -824,7 +822,7 @@ class Speculator:
         self._meter(shard)
         return shard
 
-    def _shards_for(self, key: ShardKey, *, create: bool) -> list[_Shard]:
+    def _shards_for(self, key: StageKey, *, create: bool) -> list[_Shard]:
         """The shards a response of ``key`` is learned into: stage, then pipeline.
 
         While a pipeline has a single stage its pipeline tree would duplicate
@@ -870,7 +868,7 @@ class Speculator:
                 out.append(pipe)
         return out
 
-    def _trees_for(self, key: ShardKey) -> list[SuffixTree]:
+    def _trees_for(self, key: StageKey) -> list[SuffixTree]:
         """The global trees a request of ``key`` drafts from, most specific first.
 
         The fallback for a missing or cold stage shard is the pipeline tree,

@@ -20,9 +20,10 @@ import struct
 
 from agentspec._core.shardkey import ShardKey, key_json
 from agentspec._core.tokens import int32_le
-from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import MAX_IDENTITY, check_identity
 
 __all__ = [
+    "MAX_IDENTITY",
     "ZERO",
     "StreamId",
     "check_identity",
@@ -37,26 +38,8 @@ StreamId = tuple[int, int]
 #: The id before every entry (``0-0``).
 ZERO: StreamId = (0, 0)
 
-#: Longest request identity, in characters.
-MAX_IDENTITY = 256
-
 _PERSON = b"agentspec.seq.v1"
 _LEN = struct.Struct("<I")
-
-
-def check_identity(identity: object) -> str:
-    """Validate a request identity: a str of 1..256 characters, encodable as UTF-8."""
-    if not isinstance(identity, str):
-        raise InvalidArgumentError("identity must be a str", f"got {type(identity).__name__}")
-    if not 1 <= len(identity) <= MAX_IDENTITY:
-        raise InvalidArgumentError(
-            f"identity must have 1..{MAX_IDENTITY} characters", f"got {len(identity)}"
-        )
-    try:
-        identity.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("identity is not encodable as UTF-8") from None
-    return identity
 
 
 def fleet_seq_id(key: ShardKey, identity: str, tokens: memoryview | bytes) -> int:

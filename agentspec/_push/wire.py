@@ -41,8 +41,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-from agentspec._core.shardkey import DEFAULT_TENANT, MAX_COMPONENT, ShardKey, check_key
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import DEFAULT_TENANT, MAX_COMPONENT, ShardKey, check_key
+
+# The header naming the worker's instance id (answers) or the expected one (deltas).
+from agentspec.protocol import HEADER_INSTANCE as INSTANCE_HEADER
 
 __all__ = [
     "API_PREFIX",
@@ -90,9 +93,6 @@ SNAPSHOT_FILE_PATH = "/v1/agentspec/shards/snapshot-file"
 SHARD_CONTENT_TYPE = "application/x-agentspec-shard"
 #: Content type of every answer.
 JSON_CONTENT_TYPE = "application/json"
-#: Header naming the worker's instance id (answers) or the expected one (deltas).
-INSTANCE_HEADER = "X-AgentSpec-Instance"
-
 #: Default limit on a request body (a snapshot): 32 MiB.  A snapshot builds
 #: to about 15 times its size on ordinary text (4 bytes per token on the
 #: wire, 55 to 75 in a tree), so 32 MiB is already about twice the default

@@ -62,6 +62,15 @@ from agentspec.demo._report import (
     QuestionTiming,
     build_report,
 )
+from agentspec.protocol import (
+    HEADER_SESSION,
+    HEADER_STAGE,
+    XARG_SESSION,
+    XARG_SPECULATE,
+    XARG_STAGE,
+    XARG_TENANT,
+    XARGS_FIELD,
+)
 
 __all__ = [
     "DEMO_MAX_TOKENS",
@@ -218,13 +227,13 @@ class _WireRecorder:
             body = json.loads(request.content or b"{}")
         except ValueError:
             body = {}
-        xargs = body.get("vllm_xargs") or {}
+        xargs = body.get(XARGS_FIELD) or {}
         headers = request.headers
         rec = CallRecord(
             run=self.run,
             question=question,
-            session=str(xargs.get("agentspec_session") or headers.get("x-agentspec-session")),
-            stage=str(xargs.get("agentspec_stage") or headers.get("x-agentspec-stage")),
+            session=str(xargs.get(XARG_SESSION) or headers.get(HEADER_SESSION)),
+            stage=str(xargs.get(XARG_STAGE) or headers.get(HEADER_STAGE)),
             request_key=_messages_key(body),
             started=started,
             ended=ended,
@@ -418,9 +427,9 @@ def _warm_up(config: DemoConfig, base_url: str, model: str) -> None:
                     max_tokens=16,
                     temperature=0,
                     extra_body={
-                        "vllm_xargs": {
-                            "agentspec_tenant": "demo-warmup",
-                            "agentspec_speculate": speculate,
+                        XARGS_FIELD: {
+                            XARG_TENANT: "demo-warmup",
+                            XARG_SPECULATE: speculate,
                         }
                     },
                 )
@@ -490,7 +499,7 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
                 model=model,
                 n_sql=config.n_sql,
                 max_tokens=config.max_tokens,
-                extra_body={"vllm_xargs": {"agentspec_speculate": run == ON}},
+                extra_body={XARGS_FIELD: {XARG_SPECULATE: run == ON}},
                 prompts=DEMO_PROMPTS,
                 stop=DEMO_STOP,
             )

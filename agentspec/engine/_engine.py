@@ -44,6 +44,7 @@ from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
 from agentspec.engine._verify import SavedPrefix, Verifier
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.protocol import DEFAULT_TENANT, ShardKey
 
 __all__ = [
     "Completion",
@@ -57,8 +58,6 @@ __all__ = [
 
 _log = get_logger()
 
-ShardKey = tuple[str, str | None, str | None]
-"""``(tenant, pipeline, stage)``, as on the shard wire protocol."""
 
 #: Default byte budget of the engine's prompt prefix caches (`EngineOptions`).
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
@@ -188,7 +187,7 @@ class GenerationRequest:
     allowed_token_ids: tuple[int, ...] | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    key: ShardKey = ("default", None, None)
+    key: ShardKey = (DEFAULT_TENANT, None, None)
     speculate: bool | None = None
     identity: str | None = None
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentspec._core.shardkey import DEFAULT_TENANT, ShardKey
 from agentspec._core.tree import SuffixTree
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.connection import redact_url
@@ -23,6 +22,7 @@ from agentspec._fleet.follow import FleetFollower
 from agentspec._fleet.pub import FleetPublisher, PublishStatus
 from agentspec._fleet.sub import FleetSubscriber
 from agentspec._util.log import get_logger
+from agentspec.protocol import DEFAULT_TENANT, ShardKey
 
 __all__ = ["REDIS_URL_ENV", "EngineFleet", "fleet_tenants_for"]
 

@@ -19,13 +19,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._client.tags import HEADER_PIPELINE, HEADER_STAGE, check_tag, decode_header_value
-from agentspec._core.shardkey import DEFAULT_TENANT
-from agentspec._fleet.ids import check_identity
 from agentspec._util.log import get_logger
 from agentspec.engine._chat import render_chat, short_repr, tokenize_prompt
 from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import (
+    DEFAULT_TENANT,
+    TAG_HEADERS,
+    XARG_PREFIX,
+    XARG_REQUEST_ID,
+    XARG_SPECULATE,
+    XARG_TENANT,
+    XARGS_FIELD,
+    ShardKey,
+    check_identity,
+    check_tag,
+    decode_header_value,
+)
 
 __all__ = [
     "ApiError",
@@ -44,16 +54,6 @@ CHAT = "chat"
 COMPLETIONS = "completions"
 
 _log = get_logger()
-
-#: ``vllm_xargs`` keys naming the shard key, as `AgentSpecClient` sends them.
-_XARG_TENANT = "agentspec_tenant"
-_XARG_PIPELINE = "agentspec_pipeline"
-_XARG_STAGE = "agentspec_stage"
-#: ``vllm_xargs`` key turning speculation on or off for one request.
-_XARG_SPECULATE = "agentspec_speculate"
-#: ``vllm_xargs`` key naming the request to the fleet (the identity its response is
-#: published under; the client side publishing the same response uses the same one).
-_XARG_REQUEST_ID = "agentspec_request_id"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -216,58 +216,58 @@ def _flag(value: Any, name: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise _bad(f"vllm_xargs.{name} must be a boolean", "vllm_xargs")
+    raise _bad(f"{XARGS_FIELD}.{name} must be a boolean", XARGS_FIELD)
 
 
 def _shard_key(
     body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None = None
-) -> tuple[tuple[str, str | None, str | None], bool | None]:
+) -> tuple[ShardKey, bool | None]:
     """The request's ``(tenant, pipeline, stage)`` and its speculation switch.
 
     ``tenant`` (from the API key) overrides the body's ``agentspec_tenant``.
     """
-    xargs = body.get("vllm_xargs") or {}
+    xargs = body.get(XARGS_FIELD) or {}
     if not isinstance(xargs, dict):
-        raise _bad("'vllm_xargs' must be an object", "vllm_xargs")
+        raise _bad(f"{XARGS_FIELD!r} must be an object", XARGS_FIELD)
     lower = {k.lower(): v for k, v in headers.items()}
 
-    def tag(name: str, header: str | None) -> str | None:
-        value = xargs.get(f"agentspec_{name}")
-        if value is None and header is not None and header.lower() in lower:
-            value = decode_header_value(lower[header.lower()])
+    def tag(name: str) -> str | None:
+        key = XARG_PREFIX + name
+        value = xargs.get(key)
+        header = TAG_HEADERS.get(name, "").lower()
+        if value is None and header and header in lower:
+            value = decode_header_value(lower[header])
         if value is None:
             return None
         try:
             checked = check_tag(value, name)
             checked.encode("utf-8")  # a lone surrogate cannot name a shard
         except InvalidArgumentError as exc:
-            raise _bad(f"vllm_xargs.agentspec_{name}: {exc}", "vllm_xargs") from None
+            raise _bad(f"{XARGS_FIELD}.{key}: {exc}", XARGS_FIELD) from None
         except UnicodeEncodeError:
-            raise _bad(
-                f"vllm_xargs.agentspec_{name} is not valid Unicode text", "vllm_xargs"
-            ) from None
+            raise _bad(f"{XARGS_FIELD}.{key} is not valid Unicode text", XARGS_FIELD) from None
         return checked
 
     if tenant is None:
-        tenant = tag("tenant", None) or DEFAULT_TENANT
-    elif xargs.get(_XARG_TENANT, tenant) != tenant:
+        tenant = tag("tenant") or DEFAULT_TENANT
+    elif xargs.get(XARG_TENANT, tenant) != tenant:
         # As the vLLM middleware does: the key's tenant stands, whatever was asked.
-        _log.info("agentspec.engine.tenant_overridden", asked=str(xargs[_XARG_TENANT])[:128])
-    key = (tenant, tag("pipeline", HEADER_PIPELINE), tag("stage", HEADER_STAGE))
-    raw = xargs.get(_XARG_SPECULATE)
-    return key, None if raw is None else _flag(raw, _XARG_SPECULATE)
+        _log.info("agentspec.engine.tenant_overridden", asked=str(xargs[XARG_TENANT])[:128])
+    key = (tenant, tag("pipeline"), tag("stage"))
+    raw = xargs.get(XARG_SPECULATE)
+    return key, None if raw is None else _flag(raw, XARG_SPECULATE)
 
 
 def _request_identity(body: Mapping[str, Any]) -> str | None:
     """``vllm_xargs.agentspec_request_id``, checked (None: absent; the server names it)."""
-    xargs = body.get("vllm_xargs") or {}
-    raw = xargs.get(_XARG_REQUEST_ID) if isinstance(xargs, dict) else None
+    xargs = body.get(XARGS_FIELD) or {}
+    raw = xargs.get(XARG_REQUEST_ID) if isinstance(xargs, dict) else None
     if raw is None:
         return None
     try:
         return check_identity(raw)
     except InvalidArgumentError as exc:
-        raise _bad(f"vllm_xargs.{_XARG_REQUEST_ID}: {exc}", "vllm_xargs") from None
+        raise _bad(f"{XARGS_FIELD}.{XARG_REQUEST_ID}: {exc}", XARGS_FIELD) from None
 
 
 #: Parameters of the OpenAI and vLLM APIs this engine cannot honour, with the

@@ -16,7 +16,7 @@ Keys (see docs/engine.md, "Keys and tenants"):
   <key>``.  Alone it guards everything, shard routes included, and the
   tenant is whatever the body's ``vllm_xargs.agentspec_tenant`` says: no
   isolation between tenants.
-- ``tenant_keys`` (an API key -> tenant map, `agentspec._push.tenants`): the
+- ``tenant_keys`` (an API key -> tenant map, `agentspec.protocol`): the
   tenant of an OpenAI request comes from its bearer key only (the body's
   ``agentspec_tenant`` is overridden, as the vLLM middleware does); a key
   in the map is accepted, so is ``api_key`` (tenant ``"default"``), any
@@ -47,9 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from agentspec._core.shardkey import DEFAULT_TENANT
 from agentspec._push.intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
-from agentspec._push.tenants import bearer_token, check_tenant_keys, tenant_of
 from agentspec._push.wire import API_PREFIX, ErrorType, check_bearer
 from agentspec._util.log import get_logger
 from agentspec.engine._engine import (
@@ -74,6 +72,7 @@ from agentspec.engine._openai import (
     usage_chunk,
 )
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import DEFAULT_TENANT, bearer_token, check_tenant_keys, tenant_of
 
 if TYPE_CHECKING:  # redis is only needed with a fleet
     from agentspec.engine._fleet import EngineFleet

@@ -12,7 +12,7 @@ Regression tests of an outside review of ``agentspec serve --engine embedded``:
 - keys outside the map get 401; with a map and no admin key the shard routes
   are closed; without either, the server behaves as before (no isolation).
 
-Also the shared key map loader (`agentspec._push.tenants`), which the vLLM
+Also the shared key map loader (`agentspec.protocol`), which the vLLM
 middleware imports too.
 """
 
@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from agentspec._push.tenants import (
+from agentspec._push.wire import encode_key_query
+from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import (
     TENANT_KEYS_ENV,
     bearer_token,
     load_tenant_keys,
     tenant_keys_from_env,
     tenant_of,
 )
-from agentspec._push.wire import encode_key_query
-from agentspec.exceptions import InvalidArgumentError
 
 MODEL = "smollm2-135m"
 MAX_NEW = 16

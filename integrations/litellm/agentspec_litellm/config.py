@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from agentspec._client.tags import check_tag
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import check_tag
 
 __all__ = [
     "CONFIG_ENV",
@@ -159,7 +159,7 @@ class HookConfig:
             return None
         if self.redis is not None:
             return self.redis
-        from agentspec._util.secrets_source import REDIS_URL_FILE_ENV, read_url_file
+        from agentspec.integration import REDIS_URL_FILE_ENV, read_url_file
 
         environ = os.environ if environ is None else environ
         env = environ.get(REDIS_URL_ENV) or None

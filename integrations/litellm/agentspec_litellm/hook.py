@@ -52,9 +52,9 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from agentspec import ShardPusher, ShardStore
-from agentspec._client.outputs import load_tokenizer
-from agentspec._util.log import get_logger
 from agentspec.fleet import check_identity
+from agentspec.integration import get_logger, load_tokenizer
+from agentspec.protocol import XARG_REQUEST_ID, XARGS_FIELD
 from agentspec_litellm.config import HookConfig, load_config, redacted_url
 from agentspec_litellm.learner import Counters, Encoder, Job, Learner
 from agentspec_litellm.outputs import (
@@ -63,7 +63,7 @@ from agentspec_litellm.outputs import (
     response_outputs,
     strip_token_ids,
 )
-from agentspec_litellm.tags import XARG_PREFIX, RequestTags, client_xargs, resolve_tags
+from agentspec_litellm.tags import RequestTags, client_xargs, resolve_tags
 
 __all__ = ["REQUEST_ID_XARG", "STASH_KEY", "AgentSpecHook", "merge_xargs"]
 
@@ -72,7 +72,7 @@ _log = get_logger()
 #: Key of the hook's per-request state in the request ``metadata``.
 STASH_KEY = "agentspec"
 #: The ``vllm_xargs`` key of the request identity the fleet knows an answer by.
-REQUEST_ID_XARG = f"{XARG_PREFIX}request_id"
+REQUEST_ID_XARG = XARG_REQUEST_ID
 
 #: LiteLLM call types the hook handles (chat and text completions).
 _CALL_TYPES = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
@@ -91,13 +91,13 @@ def merge_xargs(kwargs: dict[str, Any], tags: Mapping[str, str]) -> dict[str, An
     extra = kwargs.get("extra_body")
     body = dict(extra) if isinstance(extra, Mapping) else {}
     merged: dict[str, Any] = {}
-    for source in (body.get("vllm_xargs"), kwargs.get("vllm_xargs")):
+    for source in (body.get(XARGS_FIELD), kwargs.get(XARGS_FIELD)):
         if isinstance(source, Mapping):
             merged.update(source)
     merged.update(tags)
-    body["vllm_xargs"] = merged
+    body[XARGS_FIELD] = merged
     out["extra_body"] = body
-    out["vllm_xargs"] = dict(merged)
+    out[XARGS_FIELD] = dict(merged)
     return out
 
 

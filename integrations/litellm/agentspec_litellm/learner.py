@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentspec._util.log import get_logger
+from agentspec.integration import get_logger
 from agentspec_litellm.outputs import Outputs
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._client.outputs import join_texts, tool_calls_text
+from agentspec.integration import join_texts, tool_calls_text
 
 __all__ = ["Outputs", "StreamAccumulator", "as_dict", "response_outputs", "strip_token_ids"]
 

@@ -7,7 +7,7 @@ stage and pipeline the first source that has a value wins:
 1. the body's ``vllm_xargs`` (``agentspec_session`` / ``_stage`` /
    ``_pipeline``, as `agentspec.AgentSpecClient` sends them);
 2. the ``X-AgentSpec-Session`` / ``-Stage`` / ``-Pipeline`` headers
-   (percent-decoded, see `agentspec._client.tags.decode_header_value`);
+   (percent-decoded, see `agentspec.protocol.decode_header_value`);
 3. the body ``metadata`` keys ``agentspec_session`` / ``_stage`` / ``_pipeline``;
 4. for the session only: LiteLLM's session id (the ``x-litellm-session-id``
    header, which OpenHands sets to the conversation id);
@@ -31,27 +31,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentspec._client.tags import (
-    HEADER_PIPELINE,
-    HEADER_SESSION,
-    HEADER_STAGE,
+from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import (
+    DEFAULT_TENANT,
+    TAG_HEADERS,
+    XARG_PREFIX,
+    XARG_TENANT,
+    XARGS_FIELD,
     check_tag,
     decode_header_value,
+    tag_xargs,
 )
-from agentspec._core.shardkey import DEFAULT_TENANT
-from agentspec.exceptions import InvalidArgumentError
 from agentspec_litellm.config import HookConfig, hash_key
 
 __all__ = ["XARG_PREFIX", "RequestTags", "client_xargs", "request_headers", "resolve_tags"]
 
-#: Prefix of the agentspec keys in ``vllm_xargs`` and in body ``metadata``.
-XARG_PREFIX = "agentspec_"
-
-_HEADERS = {
-    "session": HEADER_SESSION.lower(),
-    "stage": HEADER_STAGE.lower(),
-    "pipeline": HEADER_PIPELINE.lower(),
-}
+_HEADERS = {name: header.lower() for name, header in TAG_HEADERS.items()}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -66,12 +61,9 @@ class RequestTags:
 
     def xargs(self) -> dict[str, str]:
         """The tags as ``vllm_xargs`` entries (untagged ones left out)."""
-        out = {f"{XARG_PREFIX}tenant": self.tenant}
-        for name in ("session", "stage", "pipeline"):
-            value = getattr(self, name)
-            if value is not None:
-                out[f"{XARG_PREFIX}{name}"] = value
-        return out
+        return tag_xargs(
+            self.tenant, session=self.session, stage=self.stage, pipeline=self.pipeline
+        )
 
     def as_dict(self) -> dict[str, str | None]:
         """Plain dict form (stashed in the request metadata)."""
@@ -99,8 +91,8 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 def client_xargs(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """The client's ``vllm_xargs`` (top level, else in its ``extra_body``; none: empty)."""
-    return _mapping(data.get("vllm_xargs")) or _mapping(
-        _mapping(data.get("extra_body")).get("vllm_xargs")
+    return _mapping(data.get(XARGS_FIELD)) or _mapping(
+        _mapping(data.get("extra_body")).get(XARGS_FIELD)
     )
 
 
@@ -125,7 +117,7 @@ def resolve_tags(
 
     def tag(name: str) -> str | None:
         key = f"{XARG_PREFIX}{name}"
-        found = valid(xargs.get(key), name, f"vllm_xargs.{key}")
+        found = valid(xargs.get(key), name, f"{XARGS_FIELD}.{key}")
         if found is None and _HEADERS[name] in headers:
             raw = decode_header_value(headers[_HEADERS[name]])
             found = valid(raw, name, f"header {_HEADERS[name]}")
@@ -151,9 +143,9 @@ def _tenant(
     valid: Any,
 ) -> str:
     """The tenant: from the client only when the config trusts it, else from the key."""
-    key = f"{XARG_PREFIX}tenant"
+    key = XARG_TENANT
     if config.tenant_from == "client":
-        found = valid(xargs.get(key), "tenant", f"vllm_xargs.{key}") or valid(
+        found = valid(xargs.get(key), "tenant", f"{XARGS_FIELD}.{key}") or valid(
             metadata.get(key), "tenant", f"metadata.{key}"
         )
         return found or DEFAULT_TENANT

@@ -6,7 +6,7 @@ only when ``VLLM_PLUGINS`` names it::
     VLLM_PLUGINS=agentspec python -m vllm.entrypoints.openai.api_server ... \\
         --worker-extension-cls agentspec_vllm.worker_ext.AgentSpecWorkerExtension
 
-It speaks exactly the push protocol of `agentspec._push.wire` (what `ShardPusher`
+It speaks exactly the push protocol of `agentspec.integration` (what `ShardPusher`
 sends and `ShardIntake` answers), under ``/v1`` so that vLLM's ``--api-key``
 guards it:
 
@@ -48,9 +48,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentspec._core.tree import SuffixTree
-from agentspec._push.intake import ShardIntake
-from agentspec._push.wire import (
+from agentspec import ShardIntake, SuffixTree
+from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
+from agentspec.integration import (
     API_PREFIX,
     DELTA_PATH,
     INSTANCE_HEADER,
@@ -63,12 +63,11 @@ from agentspec._push.wire import (
     WireResponse,
     decode_key_query,
     error_response,
+    get_logger,
     json_response,
     parse_content_length,
     write_shm_file,
 )
-from agentspec._util.log import get_logger
-from agentspec.exceptions import DepthMismatchError, InvalidArgumentError, ShardFormatError
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
 
 __all__ = [

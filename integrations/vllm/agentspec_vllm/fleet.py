@@ -11,7 +11,7 @@ With ``redis_url`` set (``AGENTSPEC_VLLM_REDIS_URL``), the proposer makes one
   one more tree beside its own learned and pushed shards.  Looking a tree up
   never waits on Redis (the subscriber double-buffers its trees).
 - **Publishing.** Each finished response is handed to one
-  `agentspec._fleet.pub.FleetPublisher`, whose queue and thread send it; the
+  `agentspec.fleet.FleetPublisher`, whose queue and thread send it; the
   decode step only hashes it.  Its tokens are the prompt's last
   ``lead_tokens`` tokens followed by the output (what `agentspec.Speculator`
   learns, and what the client side learns with the same ``lead_tokens``);
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentspec import ShardKey, SuffixTree
-from agentspec._util.log import get_logger
 from agentspec.exceptions import AgentSpecError
 from agentspec.fleet import (
     FleetConfig,
@@ -42,6 +41,7 @@ from agentspec.fleet import (
     check_identity,
     redact_url,
 )
+from agentspec.integration import get_logger
 
 __all__ = ["WorkerFleet"]
 

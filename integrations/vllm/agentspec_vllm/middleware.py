@@ -14,14 +14,14 @@ For ``POST`` to the JSON generation routes (`TAGGED_PATHS`:
 ``/inference/v1/generate``, whose ``sampling_params.extra_args`` plays the part
 of ``vllm_xargs``) with a JSON body, the headers ``X-AgentSpec-Session``,
 ``X-AgentSpec-Stage`` and ``X-AgentSpec-Pipeline`` (percent-decoded, see
-`agentspec._client.tags.decode_header_value`) become ``vllm_xargs`` entries
+`agentspec.protocol.decode_header_value`) become ``vllm_xargs`` entries
 ``agentspec_session``, ``agentspec_stage`` and ``agentspec_pipeline``.  Values
 already in the body win.  A header value that is not a valid tag (1..128
 characters, no control characters) gets a 400 answer.
 
 Tenants: when ``$AGENTSPEC_TENANT_KEYS`` names a JSON file mapping API keys
 to tenant names (``{"sk-team-a": "team-a"}``, read by
-`agentspec._push.tenants.load_tenant_keys`, the loader ``agentspec serve --engine
+`agentspec.protocol.load_tenant_keys`, the loader ``agentspec serve --engine
 embedded --tenant-keys`` uses too), the tenant of every such request is taken
 from its ``Authorization: Bearer`` key and overrides any ``agentspec_tenant``
 in the body (a client cannot pick another tenant's shards); a key that is not
@@ -49,24 +49,24 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from agentspec._client.tags import (
-    HEADER_PIPELINE,
-    HEADER_SESSION,
-    HEADER_STAGE,
-    check_tag,
-    decode_header_value,
-)
-from agentspec._core.shardkey import DEFAULT_TENANT
-from agentspec._push.tenants import (
+from agentspec.exceptions import InvalidArgumentError
+from agentspec.integration import get_logger
+from agentspec.protocol import (
+    DEFAULT_TENANT,
+    TAG_HEADERS,
+    TAG_NAMES,
+    TAG_XARGS,
     TENANT_KEYS_ENV,
+    XARG_TENANT,
+    XARGS_FIELD,
     bearer_token,
+    check_tag,
     check_tenant_keys,
+    decode_header_value,
     load_tenant_keys,
     tenant_keys_from_env,
     tenant_of,
 )
-from agentspec._util.log import get_logger
-from agentspec.exceptions import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -103,12 +103,10 @@ FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 
 #: ``(lower-case header name, vllm_xargs key, tag name)``.
-_HEADER_KEYS = (
-    (HEADER_SESSION.lower().encode(), "agentspec_session", "session"),
-    (HEADER_STAGE.lower().encode(), "agentspec_stage", "stage"),
-    (HEADER_PIPELINE.lower().encode(), "agentspec_pipeline", "pipeline"),
+_HEADER_KEYS = tuple(
+    (TAG_HEADERS[name].lower().encode(), TAG_XARGS[name], name) for name in TAG_NAMES
 )
-_TENANT_KEY = "agentspec_tenant"
+_TENANT_KEY = XARG_TENANT
 #: Headers describing the original body, dropped when the body is rewritten.
 _BODY_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"content-encoding"})
 
@@ -170,7 +168,7 @@ class AgentSpecHeaderMiddleware:
             )
             return
         container = (
-            ("vllm_xargs",)
+            (XARGS_FIELD,)
             if path in TAGGED_PATHS
             else ("sampling_params", "extra_args")
             if path in _SAMPLING_PATHS

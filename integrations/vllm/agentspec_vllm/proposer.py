@@ -59,10 +59,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from agentspec import Draft, DraftParams, GoodputController, ShardKey, Speculator, SuffixTree
-from agentspec._core.budget import LearnedBudget
-from agentspec._core.shardkey import DEFAULT_TENANT, check_key
-from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.integration import LearnedBudget, get_logger
+from agentspec.protocol import (
+    DEFAULT_TENANT,
+    MAX_IDENTITY,
+    XARG_PIPELINE,
+    XARG_REQUEST_ID,
+    XARG_SESSION,
+    XARG_STAGE,
+    XARG_TENANT,
+    check_key,
+)
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
 from agentspec_vllm.shards import pushed_tree, worker_intake
 
@@ -80,15 +88,13 @@ __all__ = [
 
 _log = get_logger()
 
-TAG_TENANT = "agentspec_tenant"
-TAG_PIPELINE = "agentspec_pipeline"
-TAG_STAGE = "agentspec_stage"
-TAG_SESSION = "agentspec_session"
+#: The ``extra_args`` (``vllm_xargs``) keys read, as `agentspec.protocol` names them.
+TAG_TENANT = XARG_TENANT
+TAG_PIPELINE = XARG_PIPELINE
+TAG_STAGE = XARG_STAGE
+TAG_SESSION = XARG_SESSION
 #: The request identity fleet publications use (else vLLM's request id).
-TAG_REQUEST_ID = "agentspec_request_id"
-
-#: Longest fleet identity (agentspec._fleet.ids.MAX_IDENTITY, without importing redis).
-_MAX_IDENTITY = 256
+TAG_REQUEST_ID = XARG_REQUEST_ID
 
 #: How many caller frames the runner is looked for in (propose <- runner method <- closure).
 _FRAME_DEPTH = 4
@@ -418,7 +424,7 @@ class AgentSpecProposer:
         params = getattr(state, "sampling_params", None)
         extra = getattr(params, "extra_args", None) or {}
         value = extra.get(TAG_REQUEST_ID) if isinstance(extra, Mapping) else None
-        if isinstance(value, str) and 1 <= len(value) <= _MAX_IDENTITY:
+        if isinstance(value, str) and 1 <= len(value) <= MAX_IDENTITY:
             return value
         if value is not None:
             self._bad_tags += 1

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentspec import ShardIntake
-from agentspec._util.log import get_logger
+from agentspec.integration import get_logger
 from agentspec_vllm.config import load_config
 from agentspec_vllm.proposer import AgentSpecProposer
 from agentspec_vllm.shards import worker_intake

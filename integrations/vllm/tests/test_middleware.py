@@ -22,8 +22,8 @@ from agentspec_vllm.middleware import (
     load_tenant_keys,
 )
 
-from agentspec._push.tenants import load_tenant_keys as agentspec_load_tenant_keys
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.protocol import load_tenant_keys as agentspec_load_tenant_keys
 
 
 class EchoApp:
