@@ -112,9 +112,7 @@ def backend_status(no_arctic: bool) -> dict[str, str | None]:
         import agentspec
         import agentspec.compat  # noqa: F401
     except ImportError as e:
-        out[AGENTSPEC] = out[CURSOR] = out[CONFIDENT] = out[RAW] = (
-            f"agentspec not importable ({e})"
-        )
+        out[AGENTSPEC] = out[CURSOR] = out[CONFIDENT] = out[RAW] = f"agentspec not importable ({e})"
     else:
         out[AGENTSPEC] = out[CURSOR] = out[CONFIDENT] = None
         out[RAW] = _raw_missing()
