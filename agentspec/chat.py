@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import ChatTemplateError, InvalidArgumentError
 from agentspec.traces import Message
 
 try:
@@ -82,10 +82,6 @@ _SPECIAL_TOKEN_KEYS = (
     "mask_token",
 )
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
-
-
-class ChatTemplateError(AgentSpecError, ValueError):
-    """The chat template is missing, does not compile, or failed while rendering."""
 
 
 # --- the Jinja environment ----------------------------------------------------

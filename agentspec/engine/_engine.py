@@ -43,7 +43,7 @@ from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
 from agentspec.engine._verify import SavedPrefix, Verifier
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import AgentSpecError, GenerationCancelledError, InvalidArgumentError
 
 __all__ = [
     "Completion",
@@ -65,10 +65,6 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 #: How often (seconds) a request waiting for its turn checks whether it was cancelled.
 _WAIT_POLL_S = 0.05
-
-
-class GenerationCancelledError(AgentSpecError, RuntimeError):
-    """The request was cancelled (its client went away) before it finished."""
 
 
 @dataclass(frozen=True)
