@@ -138,4 +138,4 @@ def test_public_errors_are_reexported_where_they_were() -> None:
             assert getattr(module, name) is getattr(exceptions, name), (module.__name__, name)
     assert pusher.TRANSIENT_STATUSES is exceptions.TRANSIENT_STATUSES
     permanent = {wire.ErrorType.DEPTH_MISMATCH, wire.ErrorType.INSTANCE_MISMATCH}
-    assert exceptions._PERMANENT_409 == permanent
+    assert permanent == exceptions._PERMANENT_409

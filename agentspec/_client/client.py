@@ -49,8 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import openai
 
 from agentspec._client.learn import Finished, Recorder, RecorderStats
-from agentspec._client.outputs import Api
-from agentspec._client.outputs import load_tokenizer as _load_tokenizer
+from agentspec._client.outputs import Api, text_encoder
 from agentspec._client.stream import tee_async_stream, tee_stream
 from agentspec._client.tags import (
     HEADER_PIPELINE,
@@ -115,7 +114,7 @@ class _Core:
         self.tenant = check_tag(tenant, "tenant")
         self.return_token_ids = bool(return_token_ids)
         self.tags_in_body = bool(tags_in_body)
-        encoder = _load_tokenizer(tokenizer)
+        encoder = text_encoder(tokenizer)
         self.owns_store = store is None
         if store is None:
             from agentspec._store.store import ShardStore

@@ -22,7 +22,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -66,14 +66,8 @@ PROMPT = "Write a SQL query that selects all rows from a table named users."
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Iterator[EngineServer]:
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=4))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., EngineServer]) -> EngineServer:
+    return start_server(EngineOptions(default_max_tokens=4))
 
 
 def _post(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -286,14 +286,8 @@ def test_penalties_change_greedy_output(model_tok: tuple[Any, Any], prompt: list
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Any:
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=32))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., EngineServer]) -> EngineServer:
+    return start_server(EngineOptions(default_max_tokens=32))
 
 
 def _post(
