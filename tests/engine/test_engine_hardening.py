@@ -173,6 +173,26 @@ def test_prune_draft_tree_keeps_the_valid_prefix_and_drops_subtrees() -> None:
         as_draft_tree(DraftTree((1, -3), (-1, 0)), VOCAB)
 
 
+def test_one_call_makes_the_engine_step_tree() -> None:
+    """max_depth cuts in the same pass as pruning / checking, as .trimmed() after it did."""
+    tree = ([1, 60000, 3, 4, 5, 2**31 - 1, 6, 7], [-1, 0, 1, 0, -1, 4, 5, 3])
+    for depth in (0, 1, 2, 3, None):
+        pruned = prune_draft_tree(tree, VOCAB)
+        want = pruned if depth is None else pruned.trimmed(depth)
+        assert prune_draft_tree(tree, VOCAB, max_depth=depth) == want
+        chain = as_draft_tree([5, 6, 7], VOCAB)
+        assert as_draft_tree([5, 6, 7], VOCAB, max_depth=depth) == (
+            chain if depth is None else chain.trimmed(depth)
+        )
+    # a checked tree passes the verifier's check as it is; a smaller vocabulary still refuses it
+    checked = prune_draft_tree(tree, VOCAB, max_depth=2)
+    assert as_draft_tree(checked, VOCAB) is checked
+    with pytest.raises(InvalidTokenError):
+        as_draft_tree(checked, 5)
+    with pytest.raises(InvalidTokenError):  # strict: a bad token deeper than max_depth raises
+        as_draft_tree([1, 2, 60000], VOCAB, max_depth=1)
+
+
 @pytest.mark.parametrize("where", ["middle", "first"])
 def test_pushed_shard_with_out_of_vocab_ids_keeps_serving(server: EngineServer, where: str) -> None:
     status, raw, _ = _post(server.port, CHAT, _chat_body(stage="oov-ref", speculate=False))
