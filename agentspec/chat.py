@@ -22,7 +22,8 @@ whose pre-tokenizer treats the first piece specially, gets whole-prompt
 encoding instead.
 
 `chatml_prompt_ids` is the plain ChatML rendering used by the project's
-reference figures (``benchmarks/``).
+reference figures (``benchmarks/``, `agentspec.bench`); `chatml_message` and
+`CHATML_GENERATION_PROMPT` are its two pieces of text.
 
 Needs the optional dependencies ``jinja2`` (>= 3.1.6) and ``tokenizers``.
 """
@@ -36,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import ChatTemplateError, InvalidArgumentError
 from agentspec.traces import Message
 
 try:
@@ -53,10 +54,12 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 __all__ = [
+    "CHATML_GENERATION_PROMPT",
     "CHATML_TEMPLATE",
     "ChatTemplateError",
     "ChatTokenizer",
     "SessionRenderer",
+    "chatml_message",
     "chatml_prompt_ids",
 ]
 
@@ -82,10 +85,6 @@ _SPECIAL_TOKEN_KEYS = (
     "mask_token",
 )
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
-
-
-class ChatTemplateError(AgentSpecError, ValueError):
-    """The chat template is missing, does not compile, or failed while rendering."""
 
 
 # --- the Jinja environment ----------------------------------------------------
@@ -514,6 +513,19 @@ class SessionRenderer:
         return [t for ids in self._piece_ids for t in ids]
 
 
+#: The generation prompt of the reference ChatML rendering: the assistant turn's opening.
+CHATML_GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def chatml_message(role: str, content: str) -> str:
+    """One message of the reference ChatML rendering.
+
+    That is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; a prompt is its
+    messages' texts, then `CHATML_GENERATION_PROMPT`.
+    """
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
 def chatml_prompt_ids(
     tokenizer: ChatTokenizer | Tokenizer, messages: Sequence[ChatMessage]
 ) -> list[int]:
@@ -537,6 +549,6 @@ def chatml_prompt_ids(
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not isinstance(content, str):
             raise TypeError(f"messages[{i}] needs string 'role' and 'content'")
-        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
-    parts.append("<|im_start|>assistant\n")
+        parts.append(chatml_message(role, content))
+    parts.append(CHATML_GENERATION_PROMPT)
     return list(tok.encode("".join(parts), add_special_tokens=False).ids)

@@ -21,9 +21,21 @@ class also derives from the builtin exception a Python user would expect, so
     ├── TreeClosedError (ValueError)          use of a closed tree or cursor
     ├── ShardNotFoundError (KeyError)         a ShardStore has no shard with that key
     ├── StoreLockedError (RuntimeError)       another ShardStore holds the directory
-    └── StoreCorruptError (ValueError)        persisted shard data is damaged
+    ├── StoreCorruptError (ValueError)        persisted shard data is damaged
+    ├── PushError                             a push to a worker failed
+    ├── TraceFormatError (ValueError)         a trace record or file is off the format
+    ├── ChatTemplateError (ValueError)        a chat template is missing or failed
+    ├── ModelError (RuntimeError)             a model could not be fetched or loaded
+    │   ├── ModelDownloadError                pip could not download the model wheel
+    │   └── ModelNotFoundError (FileNotFoundError)  no usable model by that name
+    ├── GenerationCancelledError (RuntimeError)  an engine request was cancelled
+    ├── ListenError (OSError)                 a server cannot listen on its address
+    └── DemoError (RuntimeError)              the demo cannot run
 
-`agentspec.PushError` (an AgentSpecError) reports a failed push to a worker.
+The classes are also importable from where they are used (``agentspec.PushError``,
+``agentspec.traces.TraceFormatError``, ``agentspec.chat.ChatTemplateError``,
+``agentspec.models.ModelError``, ``agentspec.engine.GenerationCancelledError``,
+``agentspec.demo.DemoError``); each is the same class object.
 
 For an error reported by the C engine, ``args[0]`` is the engine's own message
 (``as_strerror``); a second argument, when present, says which input was at
@@ -35,10 +47,18 @@ from __future__ import annotations
 __all__ = [
     "AgentSpecError",
     "CapacityError",
+    "ChatTemplateError",
+    "DemoError",
     "DepthMismatchError",
+    "GenerationCancelledError",
     "InvalidArgumentError",
     "InvalidTokenError",
+    "ListenError",
+    "ModelDownloadError",
+    "ModelError",
+    "ModelNotFoundError",
     "NativeMemoryError",
+    "PushError",
     "SequenceClosedError",
     "SequenceExistsError",
     "SequenceNotFoundError",
@@ -50,8 +70,17 @@ __all__ = [
     "StoreCorruptError",
     "StoreLockedError",
     "ThreadStartError",
+    "TraceFormatError",
     "TreeClosedError",
 ]
+
+#: HTTP statuses of a failed push that are worth retrying (`PushError.transient`).
+TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: 409 answers that retrying cannot fix (the push wire's ``ErrorType`` values).
+_PERMANENT_409 = frozenset({"depth_mismatch", "instance_mismatch"})
+#: 5xx answers that are not retried: 507, the worker's shard budget is full
+#: (the key is pushed again at its next change; other keys go on meanwhile).
+_PERMANENT_5XX = frozenset({507})
 
 
 class AgentSpecError(Exception):
@@ -137,3 +166,88 @@ class StoreLockedError(AgentSpecError, RuntimeError):
 
 class StoreCorruptError(AgentSpecError, ValueError):
     """Persisted shard data is damaged (not merely an unacknowledged torn tail)."""
+
+
+class PushError(AgentSpecError):
+    """A push failed: a transport error, or an HTTP error answer.
+
+    Attributes:
+        status: the HTTP status, or None for a transport error (connection
+            refused or dropped, timeout).
+        error_type: the ``type`` of a JSON error body, when there is one.
+        retry_after: seconds the worker asked to wait, when it did.
+        transient: whether retrying may help (see `agentspec.is_transient`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        retry_after: float | None = None,
+        instance: str | None = None,
+    ) -> None:
+        """Record a failure (``instance``: the worker's id from the answer, if any)."""
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.retry_after = retry_after
+        self.instance = instance
+
+    @property
+    def transient(self) -> bool:
+        """Transport errors, 408, 429, 5xx but 507 (insufficient storage), and 409
+        unless it is a depth/instance mismatch."""
+        if self.status is None:
+            return True
+        if self.status == 409:
+            return self.error_type not in _PERMANENT_409
+        if self.status in _PERMANENT_5XX:
+            return False
+        return self.status in TRANSIENT_STATUSES or self.status >= 500
+
+
+class TraceFormatError(AgentSpecError, ValueError):
+    """A trace record or file is off the format.
+
+    For errors found while reading a file, the message starts with
+    ``file:line:`` and `path` / `line` are set; otherwise both are None.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        """Build the error; ``path`` and ``line`` (1-based) locate it in a file."""
+        if path is not None:
+            where = f"{path}:{line}" if line is not None else path
+            message = f"{where}: {message}"
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class ChatTemplateError(AgentSpecError, ValueError):
+    """The chat template is missing, does not compile, or failed while rendering."""
+
+
+class ModelError(AgentSpecError, RuntimeError):
+    """A model could not be fetched, converted or loaded."""
+
+
+class ModelDownloadError(ModelError):
+    """pip could not download the model wheel (no pip, no network, unknown version)."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """A model name or path that names no usable model."""
+
+
+class GenerationCancelledError(AgentSpecError, RuntimeError):
+    """The request was cancelled (its client went away) before it finished."""
+
+
+class ListenError(AgentSpecError, OSError):
+    """The server cannot listen on the address it was given."""
+
+
+class DemoError(AgentSpecError, RuntimeError):
+    """The demo cannot run: no pipeline, no model, no questions, an unusable server."""

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from agentspec._util.log import get_logger
-from agentspec.exceptions import AgentSpecError
+from agentspec.exceptions import ModelDownloadError, ModelError, ModelNotFoundError
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -84,18 +84,6 @@ WHEEL_BYTES = 92_871_040
 _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)\s*$")
 
 _log = get_logger()
-
-
-class ModelError(AgentSpecError, RuntimeError):
-    """A model could not be fetched, converted or loaded."""
-
-
-class ModelDownloadError(ModelError):
-    """pip could not download the model wheel (no pip, no network, unknown version)."""
-
-
-class ModelNotFoundError(ModelError, FileNotFoundError):
-    """A model name or path that names no usable model."""
 
 
 def default_cache_dir() -> Path:

@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import IO, Any, Protocol, TypeAlias
 
 from agentspec._util.args import as_int
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import InvalidArgumentError, TraceFormatError
 
 __all__ = [
     "ROLES",
@@ -70,23 +70,6 @@ class _ByteSink(Protocol):
     def write(self, data: bytes, /) -> int:
         """Write ``data``."""
         ...
-
-
-class TraceFormatError(AgentSpecError, ValueError):
-    """A trace record or file is off the format.
-
-    For errors found while reading a file, the message starts with
-    ``file:line:`` and `path` / `line` are set; otherwise both are None.
-    """
-
-    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
-        """Build the error; ``path`` and ``line`` (1-based) locate it in a file."""
-        if path is not None:
-            where = f"{path}:{line}" if line is not None else path
-            message = f"{where}: {message}"
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,12 @@ pytest.importorskip("jinja2")
 tokenizers = pytest.importorskip("tokenizers")
 
 from agentspec.chat import (  # noqa: E402
+    CHATML_GENERATION_PROMPT,
     CHATML_TEMPLATE,
     ChatTemplateError,
     ChatTokenizer,
     SessionRenderer,
+    chatml_message,
     chatml_prompt_ids,
 )
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError  # noqa: E402
@@ -225,6 +227,8 @@ def test_chatml_template_constant_equals_chatml_prompt_ids(qwen3: ChatTokenizer)
     msgs = [Message("user", "q"), Message("assistant", "<think>x</think>y"), Message("user", "z")]
     assert chat.prompt_ids(msgs) == chatml_prompt_ids(qwen3, msgs)
     assert chat.session().prompt_ids(msgs) == chatml_prompt_ids(qwen3, msgs)
+    text = "".join(chatml_message(m.role, m.content) for m in msgs) + CHATML_GENERATION_PROMPT
+    assert chat.render(msgs) == text
 
 
 def test_chatml_prompt_ids_needs_chatml_tokens(llama3: ChatTokenizer) -> None:

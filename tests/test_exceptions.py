@@ -114,3 +114,28 @@ def test_module_lists_and_draws_every_class() -> None:
     for name in classes:
         assert name in doc
         assert getattr(exceptions, name).__doc__
+
+
+def test_public_errors_are_reexported_where_they_were() -> None:
+    """Each error defined here is the same class at its older, user-facing import path."""
+    import agentspec
+    from agentspec import chat, demo, engine, models, traces
+    from agentspec._push import pusher, wire
+    from agentspec._util import cli
+
+    homes = {
+        agentspec: ["PushError"],
+        pusher: ["PushError"],
+        traces: ["TraceFormatError"],
+        chat: ["ChatTemplateError"],
+        models: ["ModelError", "ModelDownloadError", "ModelNotFoundError"],
+        engine: ["GenerationCancelledError"],
+        cli: ["ListenError"],
+        demo: ["DemoError"],
+    }
+    for module, names in homes.items():
+        for name in names:
+            assert getattr(module, name) is getattr(exceptions, name), (module.__name__, name)
+    assert pusher.TRANSIENT_STATUSES is exceptions.TRANSIENT_STATUSES
+    permanent = {wire.ErrorType.DEPTH_MISMATCH, wire.ErrorType.INSTANCE_MISMATCH}
+    assert permanent == exceptions._PERMANENT_409

@@ -42,6 +42,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from time import monotonic
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,8 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import openai
 
 from agentspec._client.learn import Finished, Recorder, RecorderStats
-from agentspec._client.outputs import Api
-from agentspec._client.outputs import load_tokenizer as _load_tokenizer
+from agentspec._client.outputs import Api, text_encoder
 from agentspec._client.stream import tee_async_stream, tee_stream
 from agentspec._client.tags import Tags, TagScope, resolve
 from agentspec._client.trace import TraceSessions
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from agentspec._store.fleet_outbox import FleetOptions
     from agentspec._store.store import ShardStore
 
-__all__ = ["AgentSpecClient", "AsyncAgentSpecClient", "RecorderStats"]
+__all__ = ["AgentSpecClient", "AsyncAgentSpecClient", "ClientOptions", "RecorderStats"]
 
 _log = get_logger()
 
@@ -83,6 +83,27 @@ DEFAULT_CLOSE_TIMEOUT = 10.0
 
 # Request fields kept (shallow-copied) for trace records.
 _TRACE_FIELDS = ("model", "messages", "prompt", "input", "instructions", "n")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """agentspec's own keywords of `AgentSpecClient` and `AsyncAgentSpecClient`.
+
+    Both clients take these as keyword arguments, with these defaults (see
+    `AgentSpecClient` for what each means), and hand them on as one value.
+    """
+
+    store: ShardStore | None = None
+    tokenizer: object = None
+    trace_path: str | os.PathLike[str] | None = None
+    tenant: str = "default"
+    return_token_ids: bool = False
+    tags_in_body: bool = True
+    queue_size: int = 1024
+    push_to: str | Sequence[str] | None = None
+    push_api_key: str | None = None
+    lead_tokens: int = 8
+    redis: str | FleetOptions | Literal[False] | None = None
 
 
 class _Core:
@@ -99,48 +120,38 @@ class _Core:
         "tenant",
     )
 
-    def __init__(
-        self,
-        *,
-        store: ShardStore | None,
-        tokenizer: object,
-        trace_path: str | os.PathLike[str] | None,
-        tenant: str,
-        return_token_ids: bool,
-        tags_in_body: bool,
-        queue_size: int,
-        push_to: str | Sequence[str] | None,
-        push_api_key: str | None,
-        lead_tokens: int,
-        redis: str | FleetOptions | Literal[False] | None = None,
-    ) -> None:
-        self.tenant = check_tag(tenant, "tenant")
-        self.return_token_ids = bool(return_token_ids)
-        self.tags_in_body = bool(tags_in_body)
-        encoder = _load_tokenizer(tokenizer)
+    def __init__(self, options: ClientOptions) -> None:
+        self.tenant = check_tag(options.tenant, "tenant")
+        self.return_token_ids = bool(options.return_token_ids)
+        self.tags_in_body = bool(options.tags_in_body)
+        encoder = text_encoder(options.tokenizer)
+        store = options.store
         self.owns_store = store is None
         if store is None:
             from agentspec._store.store import ShardStore
 
-            store = ShardStore(redis=redis)
-        elif redis is not None:
+            store = ShardStore(redis=options.redis)
+        elif options.redis is not None:
             raise InvalidArgumentError("pass redis= to the ShardStore given as store=, not here")
         self.store = store
         self.fleet = store.fleet is not None
+        trace_path = options.trace_path
         trace = TraceSessions(trace_path) if trace_path is not None else None
         self.recorder = Recorder(
             store,
             tenant=self.tenant,
             encoder=encoder,
             trace=trace,
-            queue_size=queue_size,
-            lead_tokens=lead_tokens,
+            queue_size=options.queue_size,
+            lead_tokens=options.lead_tokens,
         )
         self.pusher: ShardPusher | None = None
-        if push_to is not None:
+        if options.push_to is not None:
             from agentspec._push.pusher import ShardPusher
 
-            self.pusher = ShardPusher(store, push_to, api_key=client_api_key(push_api_key))
+            self.pusher = ShardPusher(
+                store, options.push_to, api_key=client_api_key(options.push_api_key)
+            )
 
     # -- the request side
 
@@ -472,7 +483,7 @@ class _Base:
         args: tuple[Any, ...],
         client: Any,
         openai_kwargs: dict[str, Any],
-        core_kwargs: dict[str, Any],
+        options: ClientOptions,
     ) -> None:
         if client is None:
             if openai_kwargs.get("api_key") is None and not args:
@@ -490,7 +501,7 @@ class _Base:
                 f"{type(self).__name__} wraps an openai.{client_cls.__name__}, "
                 f"got {type(client).__name__}"
             )
-        self._bind(_Core(**core_kwargs), client)
+        self._bind(_Core(options), client)
 
     def _bind(self, core: _Core, client: Any) -> None:
         self._core = core
@@ -582,34 +593,6 @@ class _Base:
         )
 
 
-def _core_kwargs(
-    store: ShardStore | None,
-    tokenizer: object,
-    trace_path: str | os.PathLike[str] | None,
-    tenant: str,
-    return_token_ids: bool,
-    tags_in_body: bool,
-    queue_size: int,
-    push_to: str | Sequence[str] | None,
-    push_api_key: str | None,
-    lead_tokens: int,
-    redis: str | FleetOptions | Literal[False] | None = None,
-) -> dict[str, Any]:
-    return {
-        "redis": redis,
-        "lead_tokens": lead_tokens,
-        "push_to": push_to,
-        "push_api_key": push_api_key,
-        "store": store,
-        "tokenizer": tokenizer,
-        "trace_path": trace_path,
-        "tenant": tenant,
-        "return_token_ids": return_token_ids,
-        "tags_in_body": tags_in_body,
-        "queue_size": queue_size,
-    }
-
-
 class AgentSpecClient(_Base):
     """A drop-in for ``openai.OpenAI`` that tags calls and learns their outputs.
 
@@ -670,18 +653,18 @@ class AgentSpecClient(_Base):
             args,
             client,
             openai_kwargs,
-            _core_kwargs(
-                store,
-                tokenizer,
-                trace_path,
-                tenant,
-                return_token_ids,
-                tags_in_body,
-                queue_size,
-                push_to,
-                push_api_key,
-                lead_tokens,
-                redis,
+            ClientOptions(
+                store=store,
+                tokenizer=tokenizer,
+                trace_path=trace_path,
+                tenant=tenant,
+                return_token_ids=return_token_ids,
+                tags_in_body=tags_in_body,
+                queue_size=queue_size,
+                push_to=push_to,
+                push_api_key=push_api_key,
+                lead_tokens=lead_tokens,
+                redis=redis,
             ),
         )
 
@@ -750,18 +733,18 @@ class AsyncAgentSpecClient(_Base):
             args,
             client,
             openai_kwargs,
-            _core_kwargs(
-                store,
-                tokenizer,
-                trace_path,
-                tenant,
-                return_token_ids,
-                tags_in_body,
-                queue_size,
-                push_to,
-                push_api_key,
-                lead_tokens,
-                redis,
+            ClientOptions(
+                store=store,
+                tokenizer=tokenizer,
+                trace_path=trace_path,
+                tenant=tenant,
+                return_token_ids=return_token_ids,
+                tags_in_body=tags_in_body,
+                queue_size=queue_size,
+                push_to=push_to,
+                push_api_key=push_api_key,
+                lead_tokens=lead_tokens,
+                redis=redis,
             ),
         )
 

@@ -4,7 +4,7 @@
 responses result (a response model, a raw response, or the list of stream
 chunks / events): the token ids when the server returned them (vLLM
 ``return_token_ids``: ``choices[i].token_ids``, summed over stream chunks),
-else the text (tool calls as JSON).  `load_tokenizer` builds the ``text ->
+else the text (tool calls as JSON).  `text_encoder` builds the ``text ->
 token ids`` encoder used when a server returns no ids.  Used by the learning
 worker (`agentspec._client.learn`) and the trace recorder
 (`agentspec._client.trace`).
@@ -31,6 +31,7 @@ __all__ = [
     "extract_prompt_ids",
     "join_texts",
     "load_tokenizer",
+    "text_encoder",
     "tool_calls_text",
 ]
 
@@ -46,7 +47,7 @@ _log = get_logger()
 # --- the tokenizer fallback -----------------------------------------------------------
 
 
-def load_tokenizer(spec: object) -> Encoder | None:
+def text_encoder(spec: object) -> Encoder | None:
     """Turn the client's ``tokenizer=`` argument into ``text -> ids``.
 
     Accepted: None (no fallback); a path to a ``tokenizer.json`` or to a
@@ -87,6 +88,11 @@ def load_tokenizer(spec: object) -> Encoder | None:
         "tokenizer must be None, a path to tokenizer.json, a tokenizers.Tokenizer or a "
         f"callable str -> list[int], got {type(spec).__name__}"
     )
+
+
+#: The former name of `text_encoder` (it returns an encoder, not a tokenizer:
+#: `agentspec.bench.replay.load_tokenizer` is the one that loads a tokenizer).
+load_tokenizer = text_encoder
 
 
 # --- pulling outputs out of responses ---------------------------------------------------

@@ -59,7 +59,8 @@ from agentspec._push.wire import (
 )
 from agentspec._util.args import as_int
 from agentspec._util.log import get_logger
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import TRANSIENT_STATUSES as TRANSIENT_STATUSES
+from agentspec.exceptions import InvalidArgumentError, PushError
 
 if TYPE_CHECKING:
     from agentspec._store.store import ShardStore
@@ -75,13 +76,6 @@ __all__ = [
 
 _log = get_logger()
 
-#: HTTP statuses worth retrying.
-TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
-#: 409 answers that retrying cannot fix.
-_PERMANENT_409 = frozenset({ErrorType.DEPTH_MISMATCH, ErrorType.INSTANCE_MISMATCH})
-#: 5xx answers that are not retried: 507, the worker's shard budget is full
-#: (the key is pushed again at its next change; other keys go on meanwhile).
-_PERMANENT_5XX = frozenset({507})
 #: After the retries of a push are exhausted, the endpoint rests this long
 #: (doubling per consecutive failure, up to the max) before the next try.
 _BACKOFF_MIN = 0.2
@@ -89,46 +83,6 @@ _BACKOFF_MAX = 30.0
 #: Longest wait of the thread when nothing happens (a safety net).
 _IDLE_WAIT = 5.0
 _USER_AGENT = "agentspec-pusher"
-
-
-class PushError(AgentSpecError):
-    """A push failed: a transport error, or an HTTP error answer.
-
-    Attributes:
-        status: the HTTP status, or None for a transport error (connection
-            refused or dropped, timeout).
-        error_type: the ``type`` of a JSON error body, when there is one.
-        retry_after: seconds the worker asked to wait, when it did.
-        transient: whether retrying may help (see `is_transient`).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        error_type: str | None = None,
-        retry_after: float | None = None,
-        instance: str | None = None,
-    ) -> None:
-        """Record a failure (``instance``: the worker's id from the answer, if any)."""
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.retry_after = retry_after
-        self.instance = instance
-
-    @property
-    def transient(self) -> bool:
-        """Transport errors, 408, 429, 5xx but 507 (insufficient storage), and 409
-        unless it is a depth/instance mismatch."""
-        if self.status is None:
-            return True
-        if self.status == 409:
-            return self.error_type not in _PERMANENT_409
-        if self.status in _PERMANENT_5XX:
-            return False
-        return self.status in TRANSIENT_STATUSES or self.status >= 500
 
 
 def is_transient(exc: BaseException) -> bool:

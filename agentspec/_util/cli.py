@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from agentspec._util.log import LOGGER_NAME
-from agentspec.exceptions import AgentSpecError
+from agentspec.exceptions import ListenError
 
 __all__ = [
     "LOG_LEVELS",
@@ -49,10 +49,6 @@ def plain_text(text: str | None) -> str:
 def doc_description(doc: str | None) -> str:
     """A module docstring as an argparse description: its body (after the title), plain."""
     return plain_text((doc or "").split("\n\n", 1)[-1].strip())
-
-
-class ListenError(AgentSpecError, OSError):
-    """The server cannot listen on the address it was given."""
 
 
 #: LogRecord attributes that are not event fields (rendered by the format itself).

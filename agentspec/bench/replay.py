@@ -203,6 +203,8 @@ def load_trace(path: Path | str, tokenizer: Any, max_sessions: int | None = None
     (special tokens are split out by the tokenizer, so this equals tokenizing
     the whole rendered prompt).
     """
+    from agentspec.chat import CHATML_GENERATION_PROMPT, chatml_message
+
     p = Path(path)
     t0 = time.perf_counter()
     records = list(read_traces(p, max_sessions=max_sessions))
@@ -211,12 +213,12 @@ def load_trace(path: Path | str, tokenizer: Any, max_sessions: int | None = None
     texts: list[str] = []
     for rec in records:
         for m in rec.messages:
-            texts.append(f"{IM_START}{m.role}\n{m.content}{IM_END}\n")
+            texts.append(chatml_message(m.role, m.content))
             if m.role == "assistant":
                 texts.append(m.content)
     encs = tokenizer.encode_batch(texts, add_special_tokens=False)
     gen = np.asarray(
-        tokenizer.encode(f"{IM_START}assistant\n", add_special_tokens=False).ids, dtype=np.int32
+        tokenizer.encode(CHATML_GENERATION_PROMPT, add_special_tokens=False).ids, dtype=np.int32
     )
     requests: list[Request] = []
     k = 0

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from agentspec.exceptions import AgentSpecError
+from agentspec.exceptions import DemoError
 
 __all__ = [
     "FEATURE_KEYS",
@@ -40,10 +40,6 @@ __all__ = [
 #: (``agentspec/examples/text_to_sql``), change this and the imports below.
 PIPELINE_MODULE = "examples.text_to_sql"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class DemoError(AgentSpecError, RuntimeError):
-    """The demo cannot run: no pipeline, no model, no questions, an unusable server."""
 
 
 def ensure_pipeline_importable() -> None:

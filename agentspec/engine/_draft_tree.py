@@ -1,4 +1,12 @@
-"""Draft trees as the verifier sees them: tokens, parents, depths, ancestor sets."""
+"""Draft trees as the verifier sees them: tokens, parents, depths, ancestor sets.
+
+`DraftTree` is the one draft type of the engine path.  A draft from a shard
+(an `agentspec.Draft`, or anything `DraftLike`) becomes one once, at the
+entry: `prune_draft_tree` (the engine: tokens the model cannot take end their
+branch) or `as_draft_tree` (strict: they raise), each cutting the tree to
+``max_depth`` in the same call.  A tree built by either remembers the
+vocabulary it was checked against, so the verifier takes it as it is.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +48,8 @@ class DraftTree:
     parents: tuple[int, ...]
     depths: tuple[int, ...] = field(init=False)
     children: tuple[tuple[int, ...], ...] = field(init=False)  # [0] = roots, [1+i] = of node i
+    # Every token is known to be below this (0: not checked); see `_checked`.
+    _below: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         """Derive depths and children lists (parents are assumed validated)."""
@@ -79,7 +89,13 @@ class DraftTree:
         new_index = {old: new for new, old in enumerate(keep)}
         # A kept node's ancestors are kept too: they have smaller indices and depths.
         parents = tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in keep)
-        return DraftTree(tuple(self.tokens[i] for i in keep), parents)
+        return _checked(DraftTree(tuple(self.tokens[i] for i in keep), parents), self._below)
+
+
+def _checked(tree: DraftTree, below: int) -> DraftTree:
+    """``tree``, marked as holding only tokens in ``[0, below)``."""
+    object.__setattr__(tree, "_below", below)
+    return tree
 
 
 _EMPTY = DraftTree((), ())
@@ -126,12 +142,15 @@ def as_draft_tree(
     | Sequence[int]
     | None,
     vocab_size: int | None = None,
+    max_depth: int | None = None,
 ) -> DraftTree:
     """Normalise a draft to a validated `DraftTree`.
 
     Accepts None (no draft), a `DraftTree` (returned as is), a `DraftLike`
     (``token_ids`` + ``parents``, with ``parents=None`` meaning a chain), a
     ``(token_ids, parents)`` pair, or a plain sequence of token ids (a chain).
+    With ``max_depth`` the nodes deeper than that are dropped
+    (`DraftTree.trimmed`), after every token was checked.
 
     Raises:
         TypeError: not one of those shapes.
@@ -142,9 +161,13 @@ def as_draft_tree(
     if draft is None:
         return _EMPTY
     if isinstance(draft, DraftTree):
-        if vocab_size is not None and any(not 0 <= t < vocab_size for t in draft.tokens):
+        if (
+            vocab_size is not None
+            and not 0 < draft._below <= vocab_size  # not already checked against it
+            and any(not 0 <= t < vocab_size for t in draft.tokens)
+        ):
             raise InvalidTokenError(f"draft token outside [0, {vocab_size})")
-        return draft
+        return draft if max_depth is None else draft.trimmed(max_depth)
     toks, pars = _shape(draft)
     if not toks:
         return _EMPTY
@@ -152,7 +175,8 @@ def as_draft_tree(
     for i, t in enumerate(toks):
         if not 0 <= t < hi:
             raise InvalidTokenError(f"draft token {t} outside [0, {hi})", f"node {i}")
-    return DraftTree(tuple(toks), tuple(pars))
+    tree = _checked(DraftTree(tuple(toks), tuple(pars)), hi)
+    return tree if max_depth is None else tree.trimmed(max_depth)
 
 
 def prune_draft_tree(
@@ -162,6 +186,7 @@ def prune_draft_tree(
     | Sequence[int]
     | None,
     vocab_size: int,
+    max_depth: int | None = None,
 ) -> DraftTree:
     """Like `as_draft_tree`, but a token outside ``[0, vocab_size)`` ends its branch.
 
@@ -169,7 +194,8 @@ def prune_draft_tree(
     prefix before its first bad token, a tree every node whose path from
     the context holds only valid tokens.  Drafts come from shards (a pushed
     shard may hold any ids), and a draft is only a guess: the model is never
-    given a token it cannot take.
+    given a token it cannot take.  With ``max_depth`` the nodes deeper than
+    that are dropped in the same pass (as `DraftTree.trimmed` does).
 
     Raises:
         TypeError, InvalidArgumentError: a malformed draft (see `as_draft_tree`).
@@ -180,13 +206,20 @@ def prune_draft_tree(
         toks, pars = list(draft.tokens), list(draft.parents)
     else:
         toks, pars = _shape(draft)
+    deepest = len(toks) if max_depth is None else max_depth
     keep: list[int] = []
     new_index: dict[int, int] = {}
+    depth: dict[int, int] = {}
     for i, (t, p) in enumerate(zip(toks, pars, strict=True)):
         if 0 <= t < vocab_size and (p < 0 or p in new_index):
-            new_index[i] = len(keep)
-            keep.append(i)
+            d = 1 if p < 0 else depth[p] + 1
+            if d <= deepest:
+                depth[i] = d
+                new_index[i] = len(keep)
+                keep.append(i)
     if len(keep) == len(toks):
-        return draft if isinstance(draft, DraftTree) else DraftTree(tuple(toks), tuple(pars))
+        if isinstance(draft, DraftTree):
+            return draft if 0 < draft._below <= vocab_size else _checked(draft, vocab_size)
+        return _checked(DraftTree(tuple(toks), tuple(pars)), vocab_size)
     parents = tuple(-1 if pars[i] < 0 else new_index[pars[i]] for i in keep)
-    return DraftTree(tuple(toks[i] for i in keep), parents)
+    return _checked(DraftTree(tuple(toks[i] for i in keep), parents), vocab_size)

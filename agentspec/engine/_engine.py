@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agentspec._core.budget import (
@@ -43,7 +43,7 @@ from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._sampling import SamplingParams
 from agentspec.engine._verify import SavedPrefix, Verifier
-from agentspec.exceptions import AgentSpecError, InvalidArgumentError
+from agentspec.exceptions import AgentSpecError, GenerationCancelledError, InvalidArgumentError
 from agentspec.protocol import DEFAULT_TENANT, ShardKey
 
 __all__ = [
@@ -64,10 +64,6 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 #: How often (seconds) a request waiting for its turn checks whether it was cancelled.
 _WAIT_POLL_S = 0.05
-
-
-class GenerationCancelledError(AgentSpecError, RuntimeError):
-    """The request was cancelled (its client went away) before it finished."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +155,9 @@ class GenerationRequest:
         top_k, min_p, repetition_penalty, frequency_penalty,
             presence_penalty, logit_bias, allowed_token_ids: the other
             sampling parameters (see `SamplingParams`; defaults: off).
+        sampling: all of the nine fields above as one `SamplingParams`
+            (what the OpenAI layer passes).  When given, those fields are set
+            from it (each must be left at its default or equal it).
         seed: the sampling noise of output position k is
             ``position_noise(seed, 0, k, vocab)`` (None: a random seed), so a
             seeded request gives the same tokens with speculation on or off.
@@ -190,6 +189,46 @@ class GenerationRequest:
     key: ShardKey = (DEFAULT_TENANT, None, None)
     speculate: bool | None = None
     identity: str | None = None
+    sampling: SamplingParams | None = None
+
+    def __post_init__(self) -> None:
+        """With ``sampling``, mirror it into the nine flat fields (unset, or equal to it)."""
+        if self.sampling is None:
+            return
+        for name in _SAMPLING_FIELDS:
+            value, given = getattr(self.sampling, name), getattr(self, name)
+            if given != _FLAT_DEFAULTS[name] and given != value:
+                raise InvalidArgumentError(
+                    f"give the sampling parameters as sampling= or as fields, not both ({name})"
+                )
+            object.__setattr__(self, name, value)
+
+    def sampling_params(self) -> SamplingParams:
+        """The request's `SamplingParams`: ``sampling``, else one made of the flat fields.
+
+        Raises:
+            InvalidArgumentError: a flat field out of its range.
+        """
+        if self.sampling is not None:
+            return self.sampling
+        return SamplingParams(
+            self.temperature,
+            self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=tuple(self.logit_bias),
+            allowed_token_ids=self.allowed_token_ids,
+        )
+
+
+#: The `GenerationRequest` fields that `SamplingParams` holds, and their flat defaults.
+_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+_FLAT_DEFAULTS = {
+    f.name: f.default for f in fields(GenerationRequest) if f.name in _SAMPLING_FIELDS
+}
 
 
 @dataclass
@@ -508,18 +547,7 @@ class Engine:
             InvalidArgumentError: a bad prompt or bad sampling parameters.
         """
         self.check_prompt(request.prompt_ids)
-        sampling = SamplingParams(
-            request.temperature,
-            request.top_p,
-            top_k=request.top_k,
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-            frequency_penalty=request.frequency_penalty,
-            presence_penalty=request.presence_penalty,
-            logit_bias=tuple(request.logit_bias),
-            allowed_token_ids=request.allowed_token_ids,
-        )
-        return self._run(request, sampling, cancelled or (lambda: False))
+        return self._run(request, request.sampling_params(), cancelled or (lambda: False))
 
     def _run(
         self, req: GenerationRequest, sampling: SamplingParams, cancelled: Callable[[], bool]
@@ -572,10 +600,13 @@ class Engine:
                         # A shard (a pushed one above all) may hold ids this model has
                         # not: the draft params' vocab_size already ends a draft there
                         # (natively); pruning stays as a cheap guard for the verifier.
-                        valid = prune_draft_tree(draft, verifier.vocab_size)
-                        if len(valid) < len(draft):
+                        # The one DraftTree of this step, cut to the room left.
+                        vocab = verifier.vocab_size
+                        tree = prune_draft_tree(draft, vocab, max_depth=depth)
+                        if len(tree) < len(draft) and any(
+                            not 0 <= t < vocab for t in draft.token_ids
+                        ):
                             _log.debug("agentspec.engine.draft_out_of_vocab", key=req.key)
-                        tree = valid.trimmed(depth)
                     t1 = clock()
                     stats.draft_s += t1 - t0
                     t0 = t1

@@ -90,9 +90,11 @@ def generate_greedy(
         if room is not None and room < 1:
             break  # the context is full
         depth = remaining - 1 if room is None else min(remaining - 1, room)
-        tree = as_draft_tree(drafter(verifier.tokens), verifier.vocab_size) if drafter else None
-        if tree is not None and len(tree):
-            tree = tree.trimmed(depth)
+        tree = (
+            as_draft_tree(drafter(verifier.tokens), verifier.vocab_size, max_depth=depth)
+            if drafter
+            else None
+        )
         emitted = verifier.step(tree)
         n_draft = 0 if tree is None else len(tree)
         result.steps.append(StepStats(n_draft, len(emitted) - 1))

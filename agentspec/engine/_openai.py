@@ -22,6 +22,7 @@ from typing import Any
 from agentspec._util.log import get_logger
 from agentspec.engine._chat import render_chat, short_repr, tokenize_prompt
 from agentspec.engine._engine import Completion, Engine, GenerationRequest, SpecStats
+from agentspec.engine._sampling import SamplingParams
 from agentspec.exceptions import InvalidArgumentError
 from agentspec.protocol import (
     DEFAULT_TENANT,
@@ -386,8 +387,14 @@ def _logit_bias(body: Mapping[str, Any], vocab: int) -> tuple[tuple[int, float],
     return tuple(out)
 
 
-def _sampling_fields(body: Mapping[str, Any], vocab: int) -> dict[str, Any]:
-    """The sampling parameters beyond temperature and top_p (vLLM names and ranges)."""
+def _sampling(body: Mapping[str, Any], vocab: int) -> tuple[SamplingParams, tuple[int, ...], bool]:
+    """The request's `SamplingParams`, ``stop_token_ids`` and ``ignore_eos`` (vLLM names, ranges).
+
+    The fields are checked in a fixed order, so a body with several bad
+    fields always names the same one.
+    """
+    temperature = _opt_number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0)
     top_k = body.get("top_k")
     if top_k is None:
         top_k = 0
@@ -401,17 +408,26 @@ def _sampling_fields(body: Mapping[str, Any], vocab: int) -> dict[str, Any]:
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
-    return {
-        "top_k": top_k,
-        "min_p": _opt_number(body, "min_p", 0.0, 0.0, 1.0),
-        "repetition_penalty": rep,
-        "frequency_penalty": _opt_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        "presence_penalty": _opt_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        "logit_bias": _logit_bias(body, vocab),
-        "allowed_token_ids": _token_ids(body, "allowed_token_ids", vocab),
-        "stop_token_ids": _token_ids(body, "stop_token_ids", vocab) or (),
-        "ignore_eos": bool(ignore_eos),
-    }
+    min_p = _opt_number(body, "min_p", 0.0, 0.0, 1.0)
+    frequency_penalty = _opt_number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    presence_penalty = _opt_number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    logit_bias = _logit_bias(body, vocab)
+    allowed_token_ids = _token_ids(body, "allowed_token_ids", vocab)
+    stop_token_ids = _token_ids(body, "stop_token_ids", vocab) or ()
+    if top_p == 0:
+        raise _bad("'top_p' must be in (0, 1]", "top_p")
+    params = SamplingParams(
+        temperature,
+        top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=rep,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        logit_bias=logit_bias,
+        allowed_token_ids=allowed_token_ids,
+    )
+    return params, stop_token_ids, bool(ignore_eos)
 
 
 def parse_request(
@@ -484,20 +500,20 @@ def parse_request(
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
+    stop = _stop_strings(body)
+    sampling, stop_token_ids, ignore_eos = _sampling(body, engine.verifier.vocab_size)
     generation = GenerationRequest(
         prompt_ids=prompt,
         max_tokens=max_tokens,
-        stop=_stop_strings(body),
-        temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0),
+        stop=stop,
         seed=None if seed is None else seed % 2**63,
-        **_sampling_fields(body, engine.verifier.vocab_size),
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
         key=key,
         speculate=speculate,
         identity=identity,
+        sampling=sampling,
     )
-    if generation.top_p == 0:
-        raise _bad("'top_p' must be in (0, 1]", "top_p")
     return ParsedRequest(
         kind=kind,
         model=model or models[0],

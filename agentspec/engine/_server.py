@@ -687,7 +687,7 @@ def run_engine_server(
             it serves (``agentspec serve`` prints its ready line there).
 
     Raises:
-        agentspec._util.cli.ListenError: ``host:port`` cannot be listened on
+        agentspec.exceptions.ListenError: ``host:port`` cannot be listened on
             (checked before the model loads).
         agentspec.models.ModelError: the model cannot be fetched or loaded.
         OSError: the address cannot be bound.

@@ -25,7 +25,7 @@ from openai.types.responses import Response
 from openai_server import OpenAIServer, reply_text, token_ids
 
 import agentspec._client.tags as tags_mod
-from agentspec._client.client import AgentSpecClient, AsyncAgentSpecClient
+from agentspec._client.client import AgentSpecClient, AsyncAgentSpecClient, ClientOptions
 from agentspec._client.trace import request_messages
 from agentspec._push.intake import ShardIntake, serve_intake
 from agentspec._store.store import ShardStore
@@ -858,3 +858,16 @@ def test_integer_arguments_refuse_bool_and_non_integers(server, store, value):
 def test_lead_tokens_is_checked(server, store):
     with pytest.raises(InvalidArgumentError, match="lead_tokens"):
         make_client(server, store, lead_tokens=-1)
+
+
+@pytest.mark.parametrize("cls", [AgentSpecClient, AsyncAgentSpecClient])
+def test_client_keywords_are_the_client_options(cls: type) -> None:
+    """Both twins take exactly ClientOptions' fields as keywords, with its defaults."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(ClientOptions)}
+    taken = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert taken.pop("client") is None
+    assert taken == fields

@@ -22,7 +22,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -66,14 +66,8 @@ PROMPT = "Write a SQL query that selects all rows from a table named users."
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Iterator[EngineServer]:
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=4))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., EngineServer]) -> EngineServer:
+    return start_server(EngineOptions(default_max_tokens=4))
 
 
 def _post(
@@ -177,6 +171,26 @@ def test_prune_draft_tree_keeps_the_valid_prefix_and_drops_subtrees() -> None:
         as_draft_tree([1, 60000], VOCAB)
     with pytest.raises(InvalidTokenError):
         as_draft_tree(DraftTree((1, -3), (-1, 0)), VOCAB)
+
+
+def test_one_call_makes_the_engine_step_tree() -> None:
+    """max_depth cuts in the same pass as pruning / checking, as .trimmed() after it did."""
+    tree = ([1, 60000, 3, 4, 5, 2**31 - 1, 6, 7], [-1, 0, 1, 0, -1, 4, 5, 3])
+    for depth in (0, 1, 2, 3, None):
+        pruned = prune_draft_tree(tree, VOCAB)
+        want = pruned if depth is None else pruned.trimmed(depth)
+        assert prune_draft_tree(tree, VOCAB, max_depth=depth) == want
+        chain = as_draft_tree([5, 6, 7], VOCAB)
+        assert as_draft_tree([5, 6, 7], VOCAB, max_depth=depth) == (
+            chain if depth is None else chain.trimmed(depth)
+        )
+    # a checked tree passes the verifier's check as it is; a smaller vocabulary still refuses it
+    checked = prune_draft_tree(tree, VOCAB, max_depth=2)
+    assert as_draft_tree(checked, VOCAB) is checked
+    with pytest.raises(InvalidTokenError):
+        as_draft_tree(checked, 5)
+    with pytest.raises(InvalidTokenError):  # strict: a bad token deeper than max_depth raises
+        as_draft_tree([1, 2, 60000], VOCAB, max_depth=1)
 
 
 @pytest.mark.parametrize("where", ["middle", "first"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -286,14 +286,8 @@ def test_penalties_change_greedy_output(model_tok: tuple[Any, Any], prompt: list
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Any:
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=32))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., EngineServer]) -> EngineServer:
+    return start_server(EngineOptions(default_max_tokens=32))
 
 
 def _post(
@@ -507,3 +501,48 @@ def test_every_error_body_has_a_string_code(server: Any) -> None:
         status, obj = _post(keyed, "/v1/completions", {"prompt": "hi"})
         assert status == 401
         assert _check_error(obj)["code"] == "invalid_api_key"
+
+
+def test_generation_request_carries_one_sampling_params() -> None:
+    """sampling= is the request's SamplingParams; the flat fields mirror it, or make it."""
+    import dataclasses
+
+    from agentspec.engine import GenerationRequest
+
+    params = SamplingParams(0.7, 0.9, top_k=5, logit_bias=((3, 1.5),), allowed_token_ids=(3, 4))
+    req = GenerationRequest([1, 2], sampling=params)
+    assert req.sampling_params() is params
+    assert (req.temperature, req.top_p, req.top_k, req.logit_bias) == (0.7, 0.9, 5, ((3, 1.5),))
+    flat = GenerationRequest([1, 2], temperature=0.7, top_p=0.9, top_k=5, logit_bias=((3, 1.5),))
+    assert flat.sampling_params() == SamplingParams(0.7, 0.9, top_k=5, logit_bias=((3, 1.5),))
+    assert GenerationRequest([1]).sampling_params() == SamplingParams(0.0)
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        GenerationRequest([1, 2], top_k=3, sampling=params)
+    again = dataclasses.replace(req, identity="r1")  # the server names requests so
+    assert again.sampling_params() is params
+    assert again.top_k == 5
+    bad = GenerationRequest([1], temperature=-1.0)  # checked when it runs, as before
+    with pytest.raises(InvalidArgumentError):
+        bad.sampling_params()
+
+
+def test_the_openai_layer_hands_the_engine_one_sampling_params(server: Any) -> None:
+    from agentspec.engine._openai import COMPLETIONS, parse_request
+
+    body = {
+        "prompt": "hi",
+        "temperature": 0.5,
+        "top_k": 7,
+        "min_p": 0.1,
+        "presence_penalty": 0.5,
+        "logit_bias": {"5": 2},
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+    }
+    parsed = parse_request(COMPLETIONS, json.dumps(body).encode(), {}, server.engine, ("m",))
+    gen = parsed.generation
+    assert gen.sampling == SamplingParams(
+        0.5, 1.0, top_k=7, min_p=0.1, presence_penalty=0.5, logit_bias=((5, 2.0),)
+    )
+    assert gen.sampling_params() is gen.sampling
+    assert (gen.stop_token_ids, gen.ignore_eos) == ((9,), True)

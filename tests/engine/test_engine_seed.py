@@ -203,14 +203,8 @@ from agentspec.engine import (  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Any:
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=32))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., EngineServer]) -> EngineServer:
+    return start_server(EngineOptions(default_max_tokens=32))
 
 
 def _post(server: Any, path: str, body: dict[str, Any]) -> tuple[int, bytes]:

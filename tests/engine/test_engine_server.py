@@ -36,14 +36,8 @@ COUNT = "Count from 1 to 10, separated by commas."
 
 
 @pytest.fixture(scope="module")
-def server(model_tok):
-    srv = EngineServer.create(*model_tok, EngineOptions(default_max_tokens=64))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server):
+    return start_server(EngineOptions(default_max_tokens=64))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -106,14 +106,12 @@ def _create(model_tok: tuple[Any, Any], **kw: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(model_tok: tuple[Any, Any]) -> Iterator[Any]:
-    srv = _create(model_tok, api_key=SHARED, tenant_keys=KEYS, admin_key=ADMIN)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        srv.engine.close()
+def server(start_server: Callable[..., Any]) -> Any:
+    from agentspec.engine import EngineOptions
+
+    # Goodput control off: see `_create`.
+    opts = EngineOptions(default_max_tokens=MAX_NEW, goodput=False)
+    return start_server(opts, api_key=SHARED, tenant_keys=KEYS, admin_key=ADMIN)
 
 
 def _http(
