@@ -58,6 +58,7 @@ from agentspec._util.keys import client_api_key
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
 from agentspec.protocol import (
+    DEFAULT_TENANT,
     HEADER_PIPELINE,
     HEADER_SESSION,
     HEADER_STAGE,
@@ -96,7 +97,7 @@ class ClientOptions:
     store: ShardStore | None = None
     tokenizer: object = None
     trace_path: str | os.PathLike[str] | None = None
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     return_token_ids: bool = False
     tags_in_body: bool = True
     queue_size: int = 1024
@@ -637,7 +638,7 @@ class AgentSpecClient(_Base):
         store: ShardStore | None = None,
         tokenizer: object = None,
         trace_path: str | os.PathLike[str] | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         return_token_ids: bool = False,
         tags_in_body: bool = True,
         queue_size: int = 1024,
@@ -717,7 +718,7 @@ class AsyncAgentSpecClient(_Base):
         store: ShardStore | None = None,
         tokenizer: object = None,
         trace_path: str | os.PathLike[str] | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         return_token_ids: bool = False,
         tags_in_body: bool = True,
         queue_size: int = 1024,
