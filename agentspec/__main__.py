@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agentspec._util.cli import doc_description, plain_text
 from agentspec._util.secrets_source import RedisUrlError
@@ -77,24 +78,21 @@ def package_problem() -> str | None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``agentspec`` command."""
-    from agentspec._cli import demo as cli_demo
-    from agentspec._cli import fleet as cli_fleet
-    from agentspec._cli import push as cli_push
-    from agentspec._cli import shards as cli_shards
-    from agentspec._cli import vllm as cli_vllm
-    from agentspec.bench import budget, calibration, entropy, evidence, explain, replay
-    from agentspec.bench import fleet as bench_fleet
+_SERVE_EPILOG = (
+    "Tenants: without --tenant-keys there is NO ISOLATION between tenants. The "
+    "tenant is whatever a request's body says (vllm_xargs.agentspec_tenant), so "
+    "any client drafts from any tenant's shards (the embedded engine's "
+    "per-response agentspec counters show what they hold), and the one API "
+    "key also pushes, lists "
+    "and deletes every tenant's shards. With --tenant-keys the tenant comes "
+    "from the bearer key; add --admin-key (embedded engine) for the shard "
+    "routes. See docs/engine.md."
+)
 
-    parser = argparse.ArgumentParser(
-        prog="agentspec",
-        description="agentspec: model-free speculative decoding with suffix trees.",
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"agentspec {_version()}", help="print the version"
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+def _add_demo(sub: Any) -> None:
+    from agentspec._cli import demo as cli_demo
+
     dp = sub.add_parser(
         "demo",
         help="the text-to-SQL agent on a real model, speculation off then on",
@@ -103,12 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli_demo.add_arguments(dp)
     dp.set_defaults(func=cli_demo.run_cli)
+
+
+def _add_bench(sub: Any) -> None:
+    from agentspec.bench import budget, calibration, entropy, evidence, explain, replay
+    from agentspec.bench import fleet as bench_fleet
+
     bench = sub.add_parser(
         "bench",
         help="offline benchmarks on recorded traces",
         description="Offline benchmarks of drafting methods on recorded traces.",
     )
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    # Each module has add_arguments(parser) and run_cli(args); its docstring
+    # is the subcommand's description.
     benchmarks = (
         ("replay", replay, "replay traces through a simulated greedy verifier"),
         (
@@ -152,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(bp)
         bp.set_defaults(func=module.run_cli)
     bench.set_defaults(func=None, _help=bench.print_help)
+
+
+def _add_shards(sub: Any) -> None:
+    from agentspec._cli import push as cli_push
+    from agentspec._cli import shards as cli_shards
+
     shards = sub.add_parser(
         "shards",
         help="inspect and maintain a client shard store directory",
@@ -174,12 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
     cli_push.add_status_arguments(st)
     st.set_defaults(func=cli_push.run_status)
     shards.set_defaults(func=None, _help=shards.print_help)
+
+
+def _add_fleet(sub: Any) -> None:
+    from agentspec._cli import fleet as cli_fleet
+
     fl = sub.add_parser(
         "fleet",
         help="inspect the fleet's shard log on Redis",
         description="Inspect a tenant's fleet log on Redis (agentspec._cli.fleet).",
     )
     cli_fleet.add_arguments(fl)
+
+
+def _add_vllm_args(sub: Any) -> None:
+    from agentspec._cli import vllm as cli_vllm
+
     va = sub.add_parser(
         "vllm-args",
         help="print the vLLM flags that enable agentspec",
@@ -190,23 +212,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli_vllm.add_vllm_args_arguments(va)
     va.set_defaults(func=cli_vllm.run_vllm_args)
+
+
+def _add_serve(sub: Any) -> None:
+    from agentspec._cli import vllm as cli_vllm
+
     sv = sub.add_parser(
         "serve",
         help="serve MODEL with agentspec speculation (vLLM with the agentspec plugin)",
         description="Start an OpenAI-compatible server for MODEL with agentspec speculation.",
-        epilog=(
-            "Tenants: without --tenant-keys there is NO ISOLATION between tenants. The "
-            "tenant is whatever a request's body says (vllm_xargs.agentspec_tenant), so "
-            "any client drafts from any tenant's shards (the embedded engine's "
-            "per-response agentspec counters show what they hold), and the one API "
-            "key also pushes, lists "
-            "and deletes every tenant's shards. With --tenant-keys the tenant comes "
-            "from the bearer key; add --admin-key (embedded engine) for the shard "
-            "routes. See docs/engine.md."
-        ),
+        epilog=_SERVE_EPILOG,
     )
     cli_vllm.add_serve_arguments(sv)
     sv.set_defaults(func=cli_vllm.run_serve)
+
+
+#: The top-level subcommands, in help order: each entry adds its parser (and
+#: its own subcommands) to the ``add_subparsers`` action it is given.
+_COMMANDS: tuple[Callable[[Any], None], ...] = (
+    _add_demo,
+    _add_bench,
+    _add_shards,
+    _add_fleet,
+    _add_vllm_args,
+    _add_serve,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``agentspec`` command."""
+    parser = argparse.ArgumentParser(
+        prog="agentspec",
+        description="agentspec: model-free speculative decoding with suffix trees.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"agentspec {_version()}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
     parser.set_defaults(func=None, _help=parser.print_help)
     _plain_help(parser)
     return parser

@@ -11,6 +11,9 @@ Handles come from `tree_create`, `tree_from_bytes` and `cursor_create`
 wrapped in ``ffi.gc`` so that the C object is freed when the handle is
 garbage-collected; `release` frees it right away (``ffi.release``, which also
 disarms the gc destructor so it runs exactly once).
+
+Its length (over 600 lines) is one short wrapper per C entry point: keeping
+them in one module keeps the cffi boundary in one place.
 """
 
 from __future__ import annotations

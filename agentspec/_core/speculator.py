@@ -47,17 +47,27 @@ second of step time, from its calibrated acceptance probabilities
 draft source)) and a step-cost model the engine feeds with
 `observe_step`.  Until the engine has reported enough steps, drafts pass
 unchanged; ``goodput=False`` keeps the fixed policy.
+
+`Speculator` holds the requests and every public method; its other jobs
+are private bases, one module each: `_spec_state` (shards, requests),
+`_spec_budget` (eviction by tokens and bytes), `_spec_layout` (which trees
+a key learns into and drafts from), `_spec_learning` (learning responses,
+closed or live), `_spec_drafting` (goodput control, batch drafters, extra
+trees).
 """
 
 from __future__ import annotations
 
 import array
-from collections import deque
-from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from agentspec._core import lowlevel
+from agentspec._core._spec_drafting import MAX_EXTRA_TREES as MAX_EXTRA_TREES
+from agentspec._core._spec_drafting import _control, _Drafting
+from agentspec._core._spec_drafting import _group as _group
+from agentspec._core._spec_learning import _Learning
+from agentspec._core._spec_state import _int32_array, _Request, _Shard
 from agentspec._core.batch import BatchDrafter, _check_caps
 from agentspec._core.budget import LearnedBudget, live_bytes, parse_byte_size
 from agentspec._core.cursor import Cursor
@@ -74,78 +84,8 @@ __all__ = ["MAX_EXTRA_TREES", "Speculator", "StageKey"]
 
 _log = get_logger()
 
-#: Most ``extra_trees`` one draft accepts: a request drafts from its stage shard
-#: and its pipeline tree, and the native call takes `lowlevel.MAX_GLOBALS` trees.
-MAX_EXTRA_TREES: int = lowlevel.MAX_GLOBALS - 2
 
-
-def _int32_array(tokens: TokenArray) -> array.array[int]:
-    """A checked ``array('i')`` copy of a token array."""
-    _, _, keep = as_int32_buffer(tokens)
-    out = array.array("i")
-    out.frombytes(memoryview(keep).cast("B"))
-    return out
-
-
-@dataclass
-class _Shard:
-    """A global tree and what it holds.
-
-    ``order`` lists its closed sequences oldest first as (id, length,
-    arrival stamp), the only ones eviction removes; ``live`` maps each open
-    (in-flight) sequence to its length so far; ``tokens`` counts both;
-    ``bytes`` is the tree's live bytes after its last change (kept only
-    when the speculator has a byte budget).
-    """
-
-    tree: SuffixTree
-    order: deque[tuple[int, int, int]] = field(default_factory=deque)
-    live: dict[int, int] = field(default_factory=dict)
-    tokens: int = 0
-    bytes: int = 0
-
-
-@dataclass
-class _Request:
-    """One active request."""
-
-    cursor: Cursor
-    key: StageKey
-    response: array.array[int] = field(default_factory=lambda: array.array("i"))
-    lead: array.array[int] | None = None  # the prompt's last tokens, learned before `response`
-    trees: list[SuffixTree] = field(default_factory=list)  # cached `_trees_for(key)`
-    version: int = -1  # the Speculator's shard version `trees` was computed at
-    seq: int | None = None  # id of its open sequence in its shards (live learning)
-    last: Draft | None = None  # its last controlled draft, until `extend` reports on it
-
-
-def _group(req: _Request, draft: Draft) -> tuple[StageKey, str, int]:
-    """A draft's calibration group: its shard key, its tree, and its match length in
-    powers of two (a long match is better evidence than a short one at equal counts)."""
-    return req.key, draft.source, min(draft.match_len, 64).bit_length()
-
-
-def _control(
-    ctl: GoodputController,
-    reqs: Sequence[_Request],
-    drafts: list[Draft],
-    caps: Sequence[int] | None,
-    undrafted: int = 0,
-) -> list[Draft]:
-    """Cut drafts with the goodput controller; remember them for `extend`."""
-    if caps is None and not ctl.active:  # the fixed policy, at the least cost
-        ctl.note_batch(len(drafts))
-        for r, d in zip(reqs, drafts, strict=True):
-            r.last = d if d.token_ids else None
-        return drafts
-    groups = [_group(r, d) for r, d in zip(reqs, drafts, strict=True)]
-    out = ctl.trim(drafts, groups, caps, undrafted=undrafted)
-    for r, d in zip(reqs, out, strict=True):
-        r.last = d if d.token_ids else None
-    return out
-
-
-class Speculator:
+class Speculator(_Learning, _Drafting):
     """Drafting with stage shards, per-request trees and online learning.
 
     Args:
@@ -290,24 +230,6 @@ class Speculator:
         if self._live and n:
             self._grow(req, n)
             self._enforce()
-
-    def _grow(self, req: _Request, n: int) -> None:
-        """Append a request's last ``n`` response tokens to its open sequence."""
-        if req.seq is None:
-            req.seq = self._next_seq
-            self._next_seq += 1
-        seq = req.seq
-        for shard in self._shards_for(req.key, create=True):
-            have = shard.live.get(seq)
-            if have is None:  # its first tokens: lead and response so far
-                chunk = req.response if req.lead is None else req.lead + req.response
-                have = 0
-            else:
-                chunk = req.response[len(req.response) - n :]
-            shard.tree.append(seq, chunk)
-            shard.live[seq] = have + len(chunk)
-            self._resize(shard, len(chunk))
-            self._meter(shard)
 
     def draft(
         self,
@@ -497,45 +419,6 @@ class Speculator:
             start += len(ids)
         return out
 
-    def _report(self, req: _Request, tokens: Any) -> None:
-        """Tell the controller how much of the request's last draft ``tokens`` accepted
-        (a tree draft along the path the tokens took)."""
-        d = req.last
-        req.last = None
-        ctl = self._goodput
-        if d is None or ctl is None:
-            return
-        ctl.observe_verified(_group(req, d), d, tokens)
-
-    def _batcher(self, params: DraftParams, n: int) -> BatchDrafter:
-        """A reusable `BatchDrafter` for ``params`` with room for ``n`` items."""
-        last = self._last_batcher
-        if last is not None and last[0] is params and last[1].max_batch >= n:
-            return last[1]
-        drafter = self._batchers.get(params)
-        if drafter is None or drafter.max_batch < n:
-            size = max(n, 2 * drafter.max_batch if drafter is not None else 16)
-            if len(self._batchers) >= 16:  # params vary per call: keep a few
-                self._batchers.clear()
-            drafter = self._batchers[params] = BatchDrafter(params, max_batch=size)
-        self._last_batcher = (params, drafter)
-        return drafter
-
-    @staticmethod
-    def _with_extra(own: list[SuffixTree], extra: Sequence[SuffixTree]) -> list[SuffixTree]:
-        """A request's trees followed by ``extra`` (checked), skipping duplicates."""
-        if not extra:
-            return own
-        if len(extra) > MAX_EXTRA_TREES:
-            raise InvalidArgumentError(f"at most {MAX_EXTRA_TREES} extra trees, not {len(extra)}")
-        trees = list(own)
-        for tree in extra:
-            if not isinstance(tree, SuffixTree):
-                raise TypeError(f"extra_trees must hold SuffixTree, not {type(tree).__name__}")
-            if all(tree is not t for t in trees):
-                trees.append(tree)
-        return trees
-
     def finish(self, req_id: Hashable, *, learn: bool = True) -> None:
         """End a request; with ``learn`` its response joins its stage and pipeline shards.
 
@@ -587,138 +470,6 @@ class Speculator:
         else:
             self._add(lead + _int32_array(tokens), (pipeline, stage))
 
-    def _lead(self, prompt: TokenArray) -> array.array[int] | None:
-        """The last ``lead_tokens`` tokens of a prompt (None when there are none)."""
-        if self._lead_tokens == 0:
-            return None
-        lead = _int32_array(prompt)
-        del lead[: max(0, len(lead) - self._lead_tokens)]
-        return lead if len(lead) else None
-
-    def _add(self, tokens: TokenArray, key: StageKey) -> None:
-        """Learn one sequence into the shards of ``key``."""
-        pipeline, stage = key
-        _, n, keep = as_int32_buffer(tokens)
-        seq = self._next_seq
-        self._next_seq += 1
-        self._version += 1
-        stamp = self._stamp()
-        for shard in self._shards_for((pipeline, stage), create=True):
-            self._learn(shard, seq, keep, n, stamp)
-        self._enforce()
-
-    def _drop_empty(self, key: StageKey) -> None:
-        """Undo the shards an unlearned live response made, as if it never came.
-
-        Without live learning a shard exists once a response was learned into
-        it, and a pipeline tree once its pipeline has two stage shards; a
-        removed open sequence may leave a shard that breaks this.
-        """
-        shards = self._stages if self._stage_shards else self._pipelines
-        skey: Any = key if self._stage_shards else key[0]
-        shard = shards.get(skey)
-        if shard is None or shard.order or shard.live:
-            return
-        # The trees are dropped, not closed: a caller may still hold one (see `shard`).
-        self._unmeter(shards.pop(skey))
-        self._version += 1
-        if self._stage_shards and sum(k[0] == key[0] for k in self._stages) < 2:
-            pipe = self._pipelines.pop(key[0], None)
-            if pipe is not None:
-                self._unmeter(pipe)
-
-    def _learn(self, shard: _Shard, seq: int, tokens: Any, n: int, stamp: int) -> None:
-        """Add one closed sequence to a shard, then evict its oldest beyond the token budget."""
-        shard.tree.add(seq, tokens)
-        shard.order.append((seq, n, stamp))
-        self._resize(shard, n)
-        self._evict(shard)
-        self._meter(shard)
-
-    def _evict(self, shard: _Shard) -> None:
-        """Remove a shard's oldest closed sequences while it is over the token budget.
-
-        The newest closed sequence always stays, and open ones are never
-        removed (their requests still append to them).
-        """
-        if self._max_tokens is None:
-            return
-        while shard.tokens > self._max_tokens and len(shard.order) > 1:
-            old, size, _ = shard.order.popleft()
-            shard.tree.remove(old)
-            self._resize(shard, -size)
-            self.evicted_sequences += 1
-            self.evicted_bytes += max(0, -self._meter(shard))
-
-    # --- byte budgets ---------------------------------------------------------
-
-    def _stamp(self) -> int:
-        """The next arrival stamp (the shared budget's, when there is one)."""
-        if self._budget is not None:
-            return self._budget.stamp()
-        self._clock += 1
-        return self._clock
-
-    def _meter(self, shard: _Shard) -> int:
-        """Refresh a shard's live bytes (when metered); returns their change."""
-        if not self._metered:
-            return 0
-        new = shard.tree._live_bytes()
-        delta = new - shard.bytes
-        if delta:
-            shard.bytes = new
-            self._bytes += delta
-            if self._budget is not None:
-                self._budget.bytes += delta
-        return delta
-
-    def _unmeter(self, shard: _Shard) -> None:
-        """Stop counting a shard that is no longer held."""
-        if shard.bytes:
-            self._bytes -= shard.bytes
-            if self._budget is not None:
-                self._budget.bytes -= shard.bytes
-            shard.bytes = 0
-
-    def _oldest_stamp(self) -> int | None:
-        """Arrival stamp of the oldest closed sequence of any shard (None: none)."""
-        oldest: int | None = None
-        for shard in self._all_shards():
-            if shard.order:
-                stamp = shard.order[0][2]
-                if oldest is None or stamp < oldest:
-                    oldest = stamp
-        return oldest
-
-    def _evict_oldest(self) -> bool:
-        """Evict the oldest closed sequence of any shard (False: none, or its tree is busy)."""
-        victim: _Shard | None = None
-        for shard in self._all_shards():
-            if shard.order and (victim is None or shard.order[0][2] < victim.order[0][2]):
-                victim = shard
-        if victim is None:
-            return False
-        seq, n, _ = victim.order[0]
-        try:
-            victim.tree.remove(seq)
-        except RuntimeError as e:  # a reader holds the tree: the next change tries again
-            _log.warning("agentspec.speculator.eviction_postponed", error=str(e))
-            return False
-        victim.order.popleft()
-        self._resize(victim, -n)
-        self.evicted_sequences += 1
-        self.evicted_bytes += max(0, -self._meter(victim))
-        return True
-
-    def _enforce(self) -> None:
-        """Evict while over the byte budget, then while the shared budget is over its total."""
-        limit = self._max_bytes
-        if limit is not None:
-            while self._bytes > limit and self._evict_oldest():
-                pass
-        if self._budget is not None:
-            self._budget.enforce()
-
     def memory(self) -> dict[str, Any]:
         """Live bytes held by the shards, the budgets and the evictions (JSON-ready).
 
@@ -744,13 +495,6 @@ class Speculator:
             "evicted_sequences": self.evicted_sequences,
             "evicted_bytes": self.evicted_bytes,
         }
-
-    def _resize(self, shard: _Shard, delta: int) -> None:
-        """Change a shard's token count, invalidating cached trees when it turns warm or cold."""
-        was_warm = shard.tokens >= self._cold_tokens
-        shard.tokens += delta
-        if (shard.tokens >= self._cold_tokens) != was_warm:
-            self._version += 1
 
     # --- shards ---------------------------------------------------------------
 
@@ -798,108 +542,3 @@ class Speculator:
         self.close()
 
     # --- internals ------------------------------------------------------------
-
-    def _request(self, req_id: Hashable) -> _Request:
-        req = self._requests.get(req_id)
-        if req is None:
-            raise InvalidArgumentError(f"request {req_id!r} is not active")
-        return req
-
-    def _request_trees(self, req: _Request) -> list[SuffixTree]:
-        """The trees a request drafts from, recomputed only when shards changed."""
-        if req.version != self._version:
-            req.trees = self._trees_for(req.key)
-            req.version = self._version
-        return req.trees
-
-    def _all_shards(self) -> Iterator[_Shard]:
-        yield from self._stages.values()
-        yield from self._pipelines.values()
-
-    def _new_shard(self) -> _Shard:
-        self._version += 1
-        shard = _Shard(SuffixTree(self._max_depth))
-        self._meter(shard)
-        return shard
-
-    def _shards_for(self, key: StageKey, *, create: bool) -> list[_Shard]:
-        """The shards a response of ``key`` is learned into: stage, then pipeline.
-
-        While a pipeline has a single stage its pipeline tree would duplicate
-        that stage's shard, so it is only made when a second stage shows up,
-        filled with what the existing stage shards hold (their open
-        sequences stay open there, for their requests to go on appending).
-        """
-        out: list[_Shard] = []
-        if not self._stage_shards:
-            shard = self._pipelines.get(key[0])
-            if shard is None and create:
-                shard = self._pipelines[key[0]] = self._new_shard()
-            return [shard] if shard is not None else []
-        stage = self._stages.get(key)
-        if stage is None and create:
-            stage = self._stages[key] = self._new_shard()
-        if stage is not None:
-            out.append(stage)
-        if self._pipeline_tree:
-            pipe = self._pipelines.get(key[0])
-            if pipe is None and create:
-                siblings = [s for k, s in self._stages.items() if k[0] == key[0] and k != key]
-                if siblings:
-                    pipe = self._pipelines[key[0]] = self._new_shard()
-                    # In arrival order, so that the pipeline tree evicts oldest first.
-                    closed = sorted(
-                        (
-                            (stamp, seq, n, sibling)
-                            for sibling in siblings
-                            for seq, n, stamp in sibling.order
-                        ),
-                        key=lambda e: (e[0], e[1]),
-                    )
-                    for stamp, seq, n, sibling in closed:
-                        self._learn(pipe, seq, sibling.tree.sequence(seq), n, stamp)
-                    for sibling in siblings:
-                        for seq, n in sibling.live.items():
-                            pipe.tree.append(seq, sibling.tree.sequence(seq))
-                            pipe.live[seq] = n
-                            self._resize(pipe, n)
-                    self._meter(pipe)
-            if pipe is not None:
-                out.append(pipe)
-        return out
-
-    def _trees_for(self, key: StageKey) -> list[SuffixTree]:
-        """The global trees a request of ``key`` drafts from, most specific first.
-
-        The fallback for a missing or cold stage shard is the pipeline tree,
-        or, while the pipeline has a single stage (and so no pipeline tree
-        yet), that stage's shard.
-        """
-        if not self._stage_shards:
-            pipe = self._pipelines.get(key[0])
-            return [pipe.tree] if pipe is not None else []
-        stage = self._stages.get(key)
-        fallback: _Shard | None = None
-        if self._pipeline_tree:
-            fallback = self._pipelines.get(key[0])
-            if fallback is None:
-                fallback = next((s for k, s in self._stages.items() if k[0] == key[0]), None)
-        trees: list[SuffixTree] = []
-        if stage is not None and (
-            fallback is None or fallback is stage or stage.tokens >= self._cold_tokens
-        ):
-            trees.append(stage.tree)
-        if fallback is not None and fallback is not stage:
-            trees.append(fallback.tree)
-        return trees
-
-    def _source_name(self, req: _Request, own: list[SuffixTree], draft: Draft, index: int) -> str:
-        """Where a draft of ``req`` came from (see `draft_source`); ``index``
-        names its global tree among ``own`` (the request's trees) and the extras
-        after them."""
-        if draft.source != "global":
-            return draft.source
-        if index >= len(own):
-            return "extra"
-        stage = self._stages.get(req.key)
-        return "stage" if stage is not None and stage.tree is own[index] else "pipeline"

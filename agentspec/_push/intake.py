@@ -44,33 +44,32 @@ reads it (see `SuffixTree`); a delta therefore waits up to ``busy_timeout``
 seconds for readers to finish, then answers 503 (the pusher retries).
 Readers may likewise see RuntimeError while a delta is being applied.
 
-`serve_intake` runs an intake behind the stdlib `ThreadingHTTPServer`
-(tests, benchmarks, a standalone sidecar).
+`serve_intake` runs an intake behind `agentspec._util.http_server`'s
+threaded server (tests, benchmarks, a standalone sidecar);
+`serve_shard_request` serves the shard routes from another server's handler.
+
+The intake's jobs live in one module each: this one routes requests and
+swaps trees; `_intake_checks` checks shard bytes before anything is built,
+`_intake_budget` keeps the byte accounting, `_intake_files` reads snapshot
+files from shared memory (O_NOFOLLOW), `_intake_base` holds the shared state
+and answers.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
-import socket
-import stat
-import struct
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from agentspec._core import lowlevel
 from agentspec._core.budget import (
     DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_MAX_TENANT_SHARD_BYTES,
-    MIN_TOKEN_BYTES,
     format_bytes,
     live_bytes,
     min_tree_bytes,
@@ -79,12 +78,16 @@ from agentspec._core.budget import (
 )
 from agentspec._core.draft import check_max_depth
 from agentspec._core.tree import SuffixTree
+from agentspec._push._intake_base import Listener, _KeyLocks, _RefusedError, _shard_info, _Usage
+from agentspec._push._intake_budget import _BudgetKeeper, _delta_plan
+from agentspec._push._intake_checks import _ShardChecks
+from agentspec._push._intake_files import _open_beneath as _open_beneath
+from agentspec._push._intake_files import _SnapshotFiles
 from agentspec._push.wire import (
     API_PREFIX,
     DEFAULT_MAX_BODY_BYTES,
     DELTA_PATH,
     INSTANCE_HEADER,
-    SHARD_CONTENT_TYPE,
     SHARDS_PATH,
     SNAPSHOT_FILE_PATH,
     SNAPSHOT_PATH,
@@ -93,12 +96,12 @@ from agentspec._push.wire import (
     WireResponse,
     WorkerShard,
     check_bearer,
-    decode_key_query,
     error_response,
-    json_response,
     parse_content_length,
 )
 from agentspec._util.args import as_int
+from agentspec._util.http_server import LISTEN_BACKLOG as LISTEN_BACKLOG
+from agentspec._util.http_server import ThreadedHTTPServer, TrackedRequestHandler
 from agentspec._util.log import get_logger
 from agentspec.exceptions import (
     DepthMismatchError,
@@ -106,7 +109,14 @@ from agentspec.exceptions import (
     ShardFormatError,
 )
 
-__all__ = ["IntakeHTTPServer", "IntakeRequestHandler", "ShardIntake", "serve_intake"]
+__all__ = [
+    "IntakeHTTPServer",
+    "IntakeRequestHandler",
+    "ShardIntake",
+    "send_wire_response",
+    "serve_intake",
+    "serve_shard_request",
+]
 
 _log = get_logger()
 
@@ -121,87 +131,11 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 #: Bodies of refused requests up to this size are read (and dropped) before answering.
 _DRAIN_LIMIT = 1 << 20
 
-#: ``listen()`` backlog of `IntakeHTTPServer` (socketserver's default, 5, drops
-#: bursts of connections: clients then wait for SYN retransmits, or time out).
-LISTEN_BACKLOG = 1024
-
 #: Largest ``vocab_size``: token ids are int32 values >= 0.
 _VOCAB_MAX = 2**31
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_O_NOCTTY = getattr(os, "O_NOCTTY", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
-#: Seconds an over-budget delta's undo waits for the tree's readers.
-_UNDO_TIMEOUT = 30.0
-
-Listener = Callable[[ShardKey, SuffixTree | None], None]
-
-
-class _Usage:
-    """What one tenant holds in an intake (guarded by the intake's lock)."""
-
-    __slots__ = ("bytes", "refused", "reserved", "shards")
-
-    def __init__(self) -> None:
-        self.bytes = 0  # live bytes of its shards
-        self.reserved = 0  # lower bounds of its snapshots being built
-        self.shards = 0
-        self.refused = 0  # pushes refused for lack of room (507)
-
-
-class _DeltaPlan:
-    """What a delta would change in a tree, read before applying it (to undo it)."""
-
-    __slots__ = ("added", "new_tokens", "removed")
-
-    def __init__(self) -> None:
-        self.added: list[int] = []  # ids the delta adds (absent before, or removed first)
-        self.new_tokens = 0  # tokens of those sequences
-        self.removed: dict[int, list[int]] = {}  # present ids it removes -> their tokens
-
-
-class _RefusedError(Exception):
-    """A request refused with an error answer (internal control flow)."""
-
-    def __init__(self, response: WireResponse) -> None:
-        super().__init__(response.status)
-        self.response = response
-
-
-class _KeyLocks:
-    """One lock per shard key, made on first use and dropped when no thread needs it."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()  # guards _locks only; never held while waiting
-        self._locks: dict[ShardKey, list[Any]] = {}  # key -> [lock, threads using it]
-
-    @contextlib.contextmanager
-    def hold(self, key: ShardKey) -> Iterator[None]:
-        """Hold the lock of ``key`` for the ``with`` block."""
-        with self._guard:
-            entry = self._locks.get(key)
-            if entry is None:
-                entry = self._locks[key] = [threading.Lock(), 0]
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[key]
-
-    def __len__(self) -> int:
-        """Keys with a lock in use (for tests)."""
-        with self._guard:
-            return len(self._locks)
-
-
-class ShardIntake:
+class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
     """Receives shards pushed by `ShardPusher` and holds the worker's trees.
 
     Args:
@@ -273,11 +207,6 @@ class ShardIntake:
         self._extra_stats: dict[str, Callable[[], Any]] = {}
 
     @property
-    def budgeted(self) -> bool:
-        """Whether pushes are checked against a memory budget."""
-        return self.max_bytes is not None or self.max_tenant_bytes is not None
-
-    @property
     def vocab_size(self) -> int | None:
         """The vocabulary bound on token ids of pushed shards (None: no bound).
 
@@ -316,36 +245,6 @@ class ShardIntake:
         """The shard list of ``GET /v1/agentspec/shards``."""
         with self._lock:
             return list(self._infos.values())
-
-    def held_bytes(self, tenant: str | None = None) -> int:
-        """Live bytes of the shards held (of one tenant, or of all)."""
-        with self._lock:
-            if tenant is None:
-                return self._total
-            usage = self._usage.get(tenant)
-            return 0 if usage is None else usage.bytes
-
-    def budget(self) -> dict[str, Any]:
-        """The ``"budget"`` object of ``GET /v1/agentspec/shards`` (JSON-ready).
-
-        ``bytes``: live bytes held; ``refused``: pushes refused with 507;
-        ``too_large``: requests refused with 413; per tenant the bytes, shard
-        count and 507 refusals.
-        """
-        with self._lock:
-            tenants = {
-                tenant: {"bytes": u.bytes, "shards": u.shards, "refused": u.refused}
-                for tenant, u in sorted(self._usage.items())
-            }
-            return {
-                "max_bytes": self.max_bytes,
-                "max_tenant_bytes": self.max_tenant_bytes,
-                "max_body_bytes": self.max_body_bytes,
-                "bytes": self._total,
-                "refused": self.refused,
-                "too_large": self.too_large,
-                "tenants": tenants,
-            }
 
     def add_stats(self, name: str, fn: Callable[[], Any]) -> None:
         """Add ``name: fn()`` to the ``GET /v1/agentspec/shards`` answer (e.g. the
@@ -445,69 +344,6 @@ class ShardIntake:
         if tree is not None:
             self._notify(key, None)
         return self._ok({"deleted": tree is not None})
-
-    def _check_shard(self, data: bytes | bytearray | memoryview) -> None:
-        """Refuse shard bytes before anything is built from them.
-
-        The header alone (O(1)) decides a malformed header (400) and a depth
-        mismatch (409); with a ``vocab_size``, one pass over the validated
-        bytes finds their largest token id (422 when outside the vocabulary).
-        Building a tree costs about tokens x depth, so a shard that will be
-        refused never costs more than reading it.
-        """
-        self._check_header(data)
-        self._check_vocab(data)
-
-    def _check_header(self, data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
-        """``(kind, n_sequences, n_removals)`` from the header (400, 409 raise)."""
-        try:
-            kind, depth, n_seq, n_rem = lowlevel.shard_peek(data)
-        except ShardFormatError as e:
-            raise _RefusedError(self._format_error(e)) from None
-        if depth != self.max_depth:
-            raise _RefusedError(
-                self._error(
-                    409,
-                    f"shard max_depth {depth} differs from the worker's {self.max_depth}",
-                    ErrorType.DEPTH_MISMATCH,
-                )
-            )
-        return kind, n_seq, n_rem
-
-    def _check_vocab(self, data: bytes | bytearray | memoryview) -> None:
-        """With a ``vocab_size``: 422 for shard bytes holding an id outside it."""
-        vocab = self._vocab_size
-        if vocab is not None:
-            try:
-                top = lowlevel.shard_max_token(data)
-            except ShardFormatError as e:
-                raise _RefusedError(self._format_error(e)) from None
-            if top >= vocab:
-                raise _RefusedError(
-                    self._error(
-                        422,
-                        f"shard holds token id {top}, outside the worker's vocabulary "
-                        f"of {vocab} tokens (ids 0..{vocab - 1}); was it learned with "
-                        "another tokenizer?",
-                        ErrorType.OUT_OF_VOCABULARY,
-                    )
-                )
-
-    def _build(self, data: bytes | bytearray | memoryview) -> SuffixTree:
-        """A new tree from snapshot bytes, checked first (no lock held)."""
-        self._check_shard(data)
-        return self._build_checked(data)
-
-    def _build_checked(self, data: bytes | bytearray | memoryview) -> SuffixTree:
-        """A new tree from snapshot bytes whose header was checked."""
-        try:
-            tree = SuffixTree.from_bytes(data)
-        except ShardFormatError as e:
-            raise _RefusedError(self._format_error(e)) from None
-        if tree.max_depth != self.max_depth:  # the header said otherwise: cannot happen
-            tree.close()
-            raise _RefusedError(self._error(409, "shard depth mismatch", ErrorType.DEPTH_MISMATCH))
-        return tree
 
     def _snapshot(self, key: ShardKey, data: bytes | bytearray | memoryview) -> WireResponse:
         """PUT snapshot (and snapshot-file): check, build within the budget, swap in."""
@@ -616,155 +452,6 @@ class ShardIntake:
         self._notify(key, tree)
         return self._ok(info.to_json())
 
-    # --- budget -----------------------------------------------------------
-
-    def _usage_of(self, tenant: str) -> _Usage:
-        """A tenant's usage entry, made on first use (under ``_lock``)."""
-        usage = self._usage.get(tenant)
-        if usage is None:
-            usage = self._usage[tenant] = _Usage()
-        return usage
-
-    def _release(self, tenant: str, floor: int) -> None:
-        """Release a build's reservation (under ``_lock``)."""
-        self._usage_of(tenant).reserved -= floor
-        self._reserved -= floor
-        self._forget_idle(tenant)
-
-    def _forget_idle(self, tenant: str) -> None:
-        """Drop a tenant's entry once it holds and reserves nothing and was never refused."""
-        usage = self._usage.get(tenant)
-        if usage is not None and not (
-            usage.bytes or usage.reserved or usage.shards or usage.refused
-        ):
-            del self._usage[tenant]
-
-    def _account(self, key: ShardKey, size: int | None) -> None:
-        """Record that ``key`` now holds ``size`` live bytes (None: dropped); under ``_lock``."""
-        old = self._held.pop(key, None)
-        usage = self._usage_of(key[0])
-        if old is not None:
-            usage.bytes -= old
-            usage.shards -= 1
-            self._total -= old
-        if size is not None:
-            self._held[key] = size
-            usage.bytes += size
-            usage.shards += 1
-            self._total += size
-        self._forget_idle(key[0])
-
-    def _check_room(self, key: ShardKey, size: int, *, estimate: bool) -> None:
-        """507 unless ``key`` may hold ``size`` live bytes instead of what it holds now.
-
-        Under ``_lock``.  An ``estimate`` (a lower bound, before a build) also
-        counts the lower bounds reserved by builds in flight; the exact check
-        counts what is held only.
-        """
-        old = self._held.get(key, 0)
-        usage = self._usage.get(key[0])
-        tenant_now = 0 if usage is None else usage.bytes + (usage.reserved if estimate else 0)
-        total_now = self._total + (self._reserved if estimate else 0)
-        tenant_limit, total_limit = self.max_tenant_bytes, self.max_bytes
-        what = "at least " if estimate else ""
-        if tenant_limit is not None and tenant_now - old + size > tenant_limit:
-            self._refuse(
-                key,
-                f"tenant {key[0][:100]!r} would hold {what}{format_bytes(tenant_now - old + size)} "
-                f"of pushed shards, over its budget of {format_bytes(tenant_limit)} "
-                f"(max_tenant_shard_bytes; it holds {format_bytes(tenant_now)} now): delete "
-                "some of its shards, push smaller ones or raise the budget",
-            )
-        if total_limit is not None and total_now - old + size > total_limit:
-            self._refuse(
-                key,
-                f"the worker would hold {what}{format_bytes(total_now - old + size)} of pushed "
-                f"shards, over its total budget of {format_bytes(total_limit)} "
-                f"(max_shard_bytes; it holds {format_bytes(total_now)} now): delete shards, "
-                "push smaller ones or raise the budget",
-            )
-
-    def _refuse(self, key: ShardKey, message: str) -> None:
-        """Count a refusal for lack of room and raise its 507 (under ``_lock``)."""
-        self.refused += 1
-        self._usage_of(key[0]).refused += 1
-        _log.warning("agentspec.intake.over_budget", key=key, error=message)
-        raise _RefusedError(self._error(507, message, ErrorType.INSUFFICIENT_STORAGE))
-
-    def _check_delta_floor(
-        self, key: ShardKey, tree: SuffixTree, plan: _DeltaPlan, fresh: bool
-    ) -> None:
-        """507 before applying a delta that removes nothing and cannot fit.
-
-        Its new sequences add at least 4 bytes per token (a fresh tree:
-        `min_tree_bytes`); a delta that removes sequences may free room, so
-        only its exact size after applying decides.
-        """
-        if plan.removed:
-            return
-        if fresh:
-            floor = min_tree_bytes(len(plan.added), plan.new_tokens)
-        else:
-            if not plan.added:
-                return  # a retried delta: nothing new
-            floor = live_bytes(tree.stats()) + MIN_TOKEN_BYTES * plan.new_tokens
-        with self._lock:
-            self._check_room(key, floor, estimate=True)
-
-    def _fit_delta(self, key: ShardKey, tree: SuffixTree, plan: _DeltaPlan, fresh: bool) -> None:
-        """After applying a delta: 507 and undo it when the shard no longer fits.
-
-        Under the key's lock.  A fresh tree is simply dropped.  Otherwise the
-        delta's added sequences are removed and its removed ones added back
-        (waiting for readers); when the undone tree takes more than before
-        (removed sequences' tokens stay referenced by nodes until they are
-        relabelled), it is replaced by a compact rebuild of the same
-        sequences.  Should the undo fail, the shard is dropped rather than
-        kept over the budget.
-        """
-        size = live_bytes(tree.stats())
-        try:
-            with self._lock:
-                self._check_room(key, size, estimate=False)
-        except _RefusedError:
-            if fresh:
-                tree.close()
-                raise
-            if not self._undo_delta(tree, plan):
-                _log.error("agentspec.intake.undo_failed", key=key)
-                with self._lock:
-                    self._trees.pop(key, None)
-                    self._infos.pop(key, None)
-                    self._account(key, None)
-                self._notify(key, None)
-                raise
-            size = live_bytes(tree.stats())
-            with self._lock:
-                before = self._held.get(key, 0)
-            if size > before:
-                # Sequences removed by the undo leave their tokens referenced by
-                # nodes (retained_tokens): a rebuild from the sequences is compact.
-                rebuilt = SuffixTree.from_bytes(tree.to_bytes())
-                info = _shard_info(key, rebuilt)
-                with self._lock:
-                    self._trees[key] = rebuilt
-                    self._infos[key] = info
-                    self._account(key, live_bytes(rebuilt.stats()))
-                self._notify(key, rebuilt)
-            else:
-                info = _shard_info(key, tree)
-                with self._lock:
-                    self._infos[key] = info
-                    self._account(key, size)
-            raise
-
-    def _undo_delta(self, tree: SuffixTree, plan: _DeltaPlan) -> bool:
-        """Take a just-applied delta back out of ``tree`` (False: readers kept it busy)."""
-        deadline = time.monotonic() + max(self.busy_timeout, _UNDO_TIMEOUT)
-        steps = [functools.partial(_remove_if_present, tree, sid) for sid in plan.added]
-        steps += [functools.partial(tree.add, sid, tokens) for sid, tokens in plan.removed.items()]
-        return all(_retry(step, deadline) for step in steps)
-
     def _snapshot_file(
         self, key: ShardKey, headers: Mapping[str, str], body: bytes
     ) -> WireResponse:
@@ -789,244 +476,18 @@ class ShardIntake:
             )
         return self._snapshot(key, self._read_shm_file(raw, self.shm_dir))
 
-    def _read_shm_file(self, raw: str, shm: Path) -> bytearray:
-        """The bytes of a snapshot file strictly under ``shm`` (refusals raise).
-
-        Symlinks are resolved first and the result must lie under ``shm``
-        (403 otherwise).  The file is then opened relative to ``shm`` one
-        component at a time with O_NOFOLLOW, so a path changed into a symlink
-        after the check fails instead of leading elsewhere; O_NONBLOCK keeps
-        a FIFO from blocking the handler.  Only a regular file (checked on the
-        opened descriptor) of at most ``max_body_bytes`` is read (400, 413).
-        """
-        try:
-            os.fsencode(raw)
-            resolved = Path(raw).resolve()
-        except (OSError, RuntimeError, ValueError):  # not encodable, a symlink loop
-            raise _RefusedError(
-                self._error(400, "cannot resolve the snapshot file path", ErrorType.INVALID_REQUEST)
-            ) from None
-        if not resolved.is_relative_to(shm) or resolved == shm:
-            raise _RefusedError(
-                self._error(
-                    403, f"path is outside the allowed directory {shm}", ErrorType.FORBIDDEN
-                )
-            )
-        parts = resolved.relative_to(shm).parts
-        try:
-            fd = _open_beneath(shm, parts)
-        except OSError as e:
-            raise _RefusedError(
-                self._error(
-                    400,
-                    f"cannot open snapshot file: {e.strerror or 'error'}",
-                    ErrorType.INVALID_REQUEST,
-                )
-            ) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _RefusedError(
-                    self._error(
-                        400, "snapshot file is not a regular file", ErrorType.INVALID_REQUEST
-                    )
-                )
-            size = st.st_size
-            if size > self.max_body_bytes:
-                raise _RefusedError(
-                    self._error(
-                        413,
-                        f"snapshot file of {size} bytes exceeds the limit of {self.max_body_bytes}",
-                        ErrorType.PAYLOAD_TOO_LARGE,
-                    )
-                )
-            data = bytearray(size)
-            try:
-                got = _read_into(fd, data)
-            except OSError as e:
-                raise _RefusedError(
-                    self._error(
-                        400,
-                        f"cannot read snapshot file: {e.strerror or 'error'}",
-                        ErrorType.INVALID_REQUEST,
-                    )
-                ) from None
-            if got != size:
-                raise _RefusedError(
-                    self._error(
-                        400, "snapshot file changed while being read", ErrorType.INVALID_REQUEST
-                    )
-                )
-            return data
-        finally:
-            os.close(fd)
-
-    # --- helpers ----------------------------------------------------------
-
-    def _key(self, query: str) -> ShardKey:
-        """The shard key of a query string (400 when invalid)."""
-        try:
-            return decode_key_query(query)
-        except InvalidArgumentError as e:
-            raise _RefusedError(self._error(400, str(e), ErrorType.INVALID_REQUEST)) from None
-
-    def _check_content_type(self, headers: Mapping[str, str]) -> None:
-        """Shard bytes must be sent as `SHARD_CONTENT_TYPE` (or untyped)."""
-        ctype = headers.get("content-type")
-        if ctype is None:
-            return
-        base = ctype.split(";")[0].strip().lower()
-        if base not in (SHARD_CONTENT_TYPE, "application/octet-stream"):
-            raise _RefusedError(
-                self._error(
-                    415,
-                    f"shard bytes must be sent as {SHARD_CONTENT_TYPE}, not {base[:80]}",
-                    ErrorType.UNSUPPORTED_MEDIA_TYPE,
-                )
-            )
-
-    def _notify(self, key: ShardKey, tree: SuffixTree | None) -> None:
-        """Run the listeners."""
-        for fn in list(self._listeners):
-            try:
-                fn(key, tree)
-            except Exception:
-                _log.exception("agentspec.intake.listener_failed", key=key)
-
-    def _ok(self, obj: dict[str, Any]) -> WireResponse:
-        """200 JSON with the instance id."""
-        return json_response(
-            200, {"instance": self.instance, **obj}, {INSTANCE_HEADER: self.instance}
-        )
-
-    def _error(
-        self, status: int, message: str, type_: str, headers: Mapping[str, str] | None = None
-    ) -> WireResponse:
-        """A JSON error carrying the instance header."""
-        return error_response(
-            status, message, type_, {INSTANCE_HEADER: self.instance, **(headers or {})}
-        )
-
-    def _format_error(self, e: ShardFormatError) -> WireResponse:
-        """400 for malformed shard bytes."""
-        return self._error(400, f"malformed shard bytes: {e}", ErrorType.SHARD_FORMAT)
-
-
-def _open_beneath(base: Path, parts: tuple[str, ...]) -> int:
-    """Open ``base/parts...`` for reading without following any symlink below ``base``.
-
-    Directories are opened with O_DIRECTORY | O_NOFOLLOW one at a time, the
-    file with O_NOFOLLOW | O_NONBLOCK (a FIFO opens at once instead of
-    waiting for a writer; reading a regular file is unaffected).
-    """
-    dirfd = os.open(base, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
-            os.close(dirfd)
-            dirfd = nxt
-        return os.open(
-            parts[-1],
-            os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_NOCTTY | _O_CLOEXEC,
-            dir_fd=dirfd,
-        )
-    finally:
-        os.close(dirfd)
-
-
-def _read_into(fd: int, buf: bytearray) -> int:
-    """Fill ``buf`` from ``fd``; the number of bytes read (short at end of file)."""
-    view = memoryview(buf)
-    got = 0
-    try:
-        while got < len(buf):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                break
-            got += n
-    finally:
-        view.release()
-    return got
-
-
-def _remove_if_present(tree: SuffixTree, seq_id: int) -> None:
-    """Remove a sequence unless it is absent."""
-    if seq_id in tree:
-        tree.remove(seq_id)
-
-
-def _retry(step: Callable[[], object], deadline: float) -> bool:
-    """Run a tree modification, retrying while readers hold the tree (False: deadline)."""
-    while True:
-        try:
-            step()
-            return True
-        except RuntimeError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.001)
-
-
-def _delta_plan(
-    tree: SuffixTree, data: bytes | bytearray | memoryview, n_seq: int, n_rem: int
-) -> _DeltaPlan:
-    """What applying delta bytes (header already peeked) would change in ``tree``.
-
-    Reads the removal ids and each sequence record's id and length (bounds
-    checked: a malformed payload gives a partial plan, and the load refuses
-    it anyway).  O(removals + sequences), not O(tokens).
-    """
-    plan = _DeltaPlan()
-    view = memoryview(data).cast("B")
-    try:
-        off = lowlevel.SHARD_HEADER_BYTES
-        removing: set[int] = set()
-        if n_rem:
-            removing.update(struct.unpack_from(f"<{n_rem}q", view, off))
-            off += 8 * n_rem
-        for sid in removing:
-            if sid in tree:
-                plan.removed[sid] = tree.sequence(sid)
-        seen: set[int] = set()
-        end = len(view)
-        for _ in range(n_seq):
-            if off + 12 > end:
-                break
-            sid, n = struct.unpack_from("<qI", view, off)
-            off += 12 + 4 * n
-            if sid in seen:
-                continue  # a repeat is skipped on apply
-            seen.add(sid)
-            if sid in plan.removed or sid not in tree:
-                plan.added.append(sid)
-                plan.new_tokens += n
-    finally:
-        view.release()
-    return plan
-
-
-def _shard_info(key: ShardKey, tree: SuffixTree) -> WorkerShard:
-    """The list entry of one shard."""
-    st = tree.stats()
-    ids = tree.sequence_ids()
-    return WorkerShard(key, st.sequences, st.tokens, st.bytes, max(ids, default=0))
-
 
 # --- stdlib HTTP adapter ----------------------------------------------------
 
 
-class IntakeHTTPServer(ThreadingHTTPServer):
-    """A `ThreadingHTTPServer` serving one `ShardIntake` (keep-alive, HTTP/1.1).
+class IntakeHTTPServer(ThreadedHTTPServer):
+    """A `ThreadedHTTPServer` serving one `ShardIntake` (keep-alive, HTTP/1.1).
 
     `stop` closes the listening socket *and* every open connection, so a
     client holding a keep-alive connection sees the restart.
     """
 
-    daemon_threads = True
-    block_on_close = False
-    #: ``listen()`` backlog: a burst of pushers (or clients) is queued by the
-    #: kernel instead of dropped (socketserver's default is 5).
-    request_queue_size = LISTEN_BACKLOG
+    log_name = "agentspec.intake"
 
     def __init__(
         self,
@@ -1036,82 +497,13 @@ class IntakeHTTPServer(ThreadingHTTPServer):
     ) -> None:
         """Bind to ``address`` (port 0: any free port) without serving yet."""
         self.intake = intake
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
         super().__init__(address, handler or IntakeRequestHandler)
 
-    @property
-    def port(self) -> int:
-        """The bound port."""
-        return int(self.server_address[1])
 
-    @property
-    def url(self) -> str:
-        """``http://host:port`` of this server."""
-        host = self.server_address[0]
-        if isinstance(host, bytes):
-            host = host.decode()
-        return f"http://{host}:{self.port}"
-
-    def track(self, conn: socket.socket, add: bool) -> None:
-        """Register (add) or forget an open connection."""
-        with self._conns_lock:
-            if add:
-                self._conns.add(conn)
-            else:
-                self._conns.discard(conn)
-
-    def drop_connections(self) -> None:
-        """Shut every open connection down (their handler threads then end)."""
-        with self._conns_lock:
-            conns = list(self._conns)
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Log a failed request (a client dropping its connection is routine)."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            _log.debug(
-                "agentspec.intake.connection_lost", client=str(client_address), error=str(exc)
-            )
-        else:
-            _log.exception("agentspec.intake.request_failed", client=str(client_address))
-
-    def stop(self, thread: threading.Thread | None = None, timeout: float = 5.0) -> None:
-        """Stop serving, close every connection and the socket, join ``thread``."""
-        self.shutdown()
-        self.drop_connections()
-        self.server_close()
-        if thread is not None:
-            thread.join(timeout)
-
-
-class IntakeRequestHandler(BaseHTTPRequestHandler):
+class IntakeRequestHandler(TrackedRequestHandler, BaseHTTPRequestHandler):
     """Routes every request to the server's intake; subclass `dispatch` to intercept."""
 
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes: without TCP_NODELAY, Nagle's
-    # algorithm and the client's delayed ACK add ~40 ms to every answer.
-    disable_nagle_algorithm = True
     server: IntakeHTTPServer
-    #: Idle keep-alive connections are closed after this many seconds.
-    timeout = 60.0
-
-    def setup(self) -> None:
-        """Register the connection with the server."""
-        super().setup()
-        self.server.track(self.connection, True)
-
-    def finish(self) -> None:
-        """Forget the connection."""
-        self.server.track(self.connection, False)
-        super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log through structlog at debug level instead of stderr."""
-        _log.debug("agentspec.intake.http", line=format % args)
 
     def dispatch(
         self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
@@ -1121,48 +513,11 @@ class IntakeRequestHandler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         """Read the request, dispatch it and write the answer."""
-        path, _, query = self.path.partition("?")
-        headers = dict(self.headers.items())
-        try:
-            length = parse_content_length(self.headers.get("Content-Length"))
-        except ValueError:
-            self._send(error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST), True)
-            return
-        early = self.server.intake.precheck(self.command, path, headers, length)
-        if early is not None:
-            # A small body is read and dropped so that the client, still
-            # sending it, gets the answer rather than a connection reset.
-            unread = length is not None and length > 0
-            if unread and length is not None and length <= _DRAIN_LIMIT:
-                unread = len(self.rfile.read(length)) != length
-            self._send(early, close=unread)
-            return
-        if length is None and self.command in ("PUT", "POST"):
-            self._send(
-                error_response(411, "Content-Length required", ErrorType.LENGTH_REQUIRED), True
-            )
-            return
-        body = self.rfile.read(length) if length else b""
-        if length and len(body) != length:
-            self.close_connection = True
-            return
-        response = self.dispatch(self.command, path, query, headers, body)
-        if response is None:
-            self.close_connection = True
-            return
-        self._send(response, close=False)
+        serve_shard_request(self, self.server.intake, self.dispatch)
 
     def _send(self, response: WireResponse, close: bool) -> None:
         """Write one answer."""
-        self.send_response(response.status)
-        for k, v in response.headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(response.body)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(response.body)
+        send_wire_response(self, response, close)
 
     def do_GET(self) -> None:
         """Serve a GET request."""
@@ -1212,3 +567,65 @@ def serve_intake(
     )
     thread.start()
     return server, thread
+
+
+def serve_shard_request(
+    handler: BaseHTTPRequestHandler,
+    intake: ShardIntake,
+    dispatch: Callable[[str, str, str, Mapping[str, str], bytes], WireResponse | None],
+) -> None:
+    """Serve the request ``handler`` has parsed: precheck, read the body, dispatch, answer.
+
+    `IntakeRequestHandler` serves every request this way; a server mounting
+    the shard routes beside its own (the engine's) calls it for them.
+    ``dispatch`` answers the request (None: send nothing, close the connection).
+    """
+    path, _, query = handler.path.partition("?")
+    headers = dict(handler.headers.items())
+    try:
+        length = parse_content_length(handler.headers.get("Content-Length"))
+    except ValueError:
+        send_wire_response(
+            handler, error_response(400, "bad Content-Length", ErrorType.INVALID_REQUEST), True
+        )
+        return
+    early = intake.precheck(handler.command, path, headers, length)
+    if early is not None:
+        # A small body is read and dropped so that the client, still
+        # sending it, gets the answer rather than a connection reset.
+        unread = length is not None and length > 0
+        if unread and length is not None and length <= _DRAIN_LIMIT:
+            unread = len(handler.rfile.read(length)) != length
+        send_wire_response(handler, early, close=unread)
+        return
+    if length is None and handler.command in ("PUT", "POST"):
+        send_wire_response(
+            handler,
+            error_response(411, "Content-Length required", ErrorType.LENGTH_REQUIRED),
+            True,
+        )
+        return
+    body = handler.rfile.read(length) if length else b""
+    if length and len(body) != length:
+        handler.close_connection = True
+        return
+    response = dispatch(handler.command, path, query, headers, body)
+    if response is None:
+        handler.close_connection = True
+        return
+    send_wire_response(handler, response, close=False)
+
+
+def send_wire_response(
+    handler: BaseHTTPRequestHandler, response: WireResponse, close: bool
+) -> None:
+    """Write one `WireResponse` through ``handler`` (``close``: end the connection after it)."""
+    handler.send_response(response.status)
+    for k, v in response.headers.items():
+        handler.send_header(k, v)
+    handler.send_header("Content-Length", str(len(response.body)))
+    if close:
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
+    handler.end_headers()
+    handler.wfile.write(response.body)

@@ -30,24 +30,29 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agentspec._core.draft import CONFIDENT_ALPHA
-from agentspec.bench.replay import (
-    METHODS,
-    ORACLE,
+from agentspec.bench._common import (
     Progress,
-    ReplayConfig,
-    _table,
     add_common_arguments,
     add_trace_arguments,
     check_inputs,
-    cli_log,
-    load_tokenizer,
-    load_trace,
+    cli_start,
+    table,
+    write_outputs,
+)
+from agentspec.bench._methods import (
+    METHODS,
+    ORACLE,
+    ReplayConfig,
     make_method,
     method_status,
+)
+from agentspec.bench._trace import (
+    load_trace,
+)
+from agentspec.bench.replay import (
     parse_methods,
     replay,
     summarize_run,
-    write_outputs,
 )
 
 __all__ = [
@@ -298,7 +303,7 @@ def render_tables(results: dict[str, Any]) -> str:
             out.append(f"copy oracle MAT {omat:.3f} (/oracle: a point's MAT as a fraction of it)")
         if pts:
             out.append(
-                _table(
+                table(
                     [
                         "method",
                         "alpha",
@@ -332,7 +337,7 @@ def render_tables(results: dict[str, Any]) -> str:
                 f"MAT, ratio to {base}, and the budget needed for {target:g}x {base}'s MAT"
             )
             out.append(
-                _table(
+                table(
                     [
                         "method",
                         f"{base} alpha",
@@ -430,9 +435,8 @@ def run_cli(args: argparse.Namespace) -> int:
     alphas = _floats("--alphas", args.alphas)
     min_probs = _floats("--min-probs", args.min_probs)
     conf_min_probs = _floats("--conf-min-probs", args.conf_min_probs)
-    cfg = ReplayConfig(depth=args.depth, max_spec_tokens=args.max_spec_tokens)
-    tok = load_tokenizer(args.tokenizer)
-    err, log = cli_log(args.quiet)
+    start = cli_start(args, budget_rule=False, inputs=False)
+    cfg, tok, err, log = start.cfg, start.tokenizer, start.err, start.log
     results = run(
         args.traces,
         methods=methods,

@@ -32,16 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from agentspec._core.calibration import AcceptanceCalibrator, conditional_probs
-from agentspec.bench.replay import (
-    ReplayConfig,
-    TraceData,
+from agentspec.bench._common import (
     add_common_arguments,
     add_trace_arguments,
     check_inputs,
-    cli_log,
-    load_tokenizer,
-    load_trace,
+    cli_start,
     write_outputs,
+)
+from agentspec.bench._methods import (
+    ReplayConfig,
+)
+from agentspec.bench._trace import (
+    TraceData,
+    load_trace,
 )
 from agentspec.bench.verifier import accept_linear, advance
 
@@ -301,11 +304,8 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError(f"--buckets must be in 1..100, got {args.buckets}")
     if not args.prior > 0:
         raise ValueError(f"--prior must be > 0, got {args.prior}")
-    cfg = ReplayConfig(
-        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
-    )
-    tok = load_tokenizer(args.tokenizer)
-    _, log = cli_log(args.quiet)
+    start = cli_start(args, inputs=False)
+    cfg, tok, log = start.cfg, start.tokenizer, start.log
     results = run(
         args.traces,
         cfg=cfg,

@@ -50,16 +50,18 @@ from typing import Any
 
 import numpy as np
 
-from agentspec.bench.replay import (
-    ReplayConfig,
-    TraceData,
+from agentspec.bench._common import (
     add_common_arguments,
     add_trace_arguments,
-    check_inputs,
-    cli_log,
-    load_tokenizer,
-    load_trace,
+    cli_start,
     write_outputs,
+)
+from agentspec.bench._methods import (
+    ReplayConfig,
+)
+from agentspec.bench._trace import (
+    TraceData,
+    load_trace,
 )
 from agentspec.bench.verifier import accept_linear, advance
 
@@ -741,10 +743,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``agentspec bench evidence`` from parsed arguments; return the exit status."""
-    check_inputs(args.traces, args.max_sessions)
-    cfg = ReplayConfig(args.depth, args.max_spec_tokens)
-    tok = load_tokenizer(args.tokenizer)
-    _, log = cli_log(args.quiet)
+    start = cli_start(args, budget_rule=False)
+    cfg, tok, log = start.cfg, start.tokenizer, start.log
     results = run(args.traces, cfg=cfg, tokenizer=tok, max_sessions=args.max_sessions, log=log)
     results["command"] = getattr(args, "argv", None)
     write_outputs(results, render_table(results), args.json, args.plots, plot_evidence, log)

@@ -63,19 +63,21 @@ from typing import Any
 
 import numpy as np
 
-from agentspec.bench.oracle import Oracle
-from agentspec.bench.replay import (
-    ReplayConfig,
-    Request,
-    TraceData,
+from agentspec.bench._common import (
     add_common_arguments,
     add_trace_arguments,
-    check_inputs,
-    cli_log,
-    load_tokenizer,
-    load_trace,
+    cli_start,
     write_outputs,
 )
+from agentspec.bench._methods import (
+    ReplayConfig,
+)
+from agentspec.bench._trace import (
+    Request,
+    TraceData,
+    load_trace,
+)
+from agentspec.bench.oracle import Oracle
 from agentspec.bench.verifier import accept_linear, advance
 
 __all__ = [
@@ -609,13 +611,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``agentspec bench explain`` from parsed arguments; return the exit status."""
-    warm = [args.warmup_from] if args.warmup_from else []
-    check_inputs([*args.traces, *warm], args.max_sessions)
-    cfg = ReplayConfig(
-        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
-    )
-    tok = load_tokenizer(args.tokenizer)
-    _, log = cli_log(args.quiet)
+    start = cli_start(args, warmup=True)
+    cfg, tok, log = start.cfg, start.tokenizer, start.log
     results = run(
         args.traces,
         cfg=cfg,

@@ -64,20 +64,23 @@ from typing import Any
 
 import numpy as np
 
-from agentspec.bench.replay import (
-    ReplayConfig,
-    Request,
-    SpeculatorMethod,
-    TraceData,
-    _environment,
-    _fmt,
-    _table,
+from agentspec.bench._common import (
     add_common_arguments,
-    cli_log,
-    load_tokenizer,
-    load_trace,
+    cli_start,
+    environment,
+    fmt,
     release_free_memory,
+    table,
     write_outputs,
+)
+from agentspec.bench._methods import (
+    ReplayConfig,
+    SpeculatorMethod,
+)
+from agentspec.bench._trace import (
+    Request,
+    TraceData,
+    load_trace,
 )
 from agentspec.bench.verifier import accept_linear, advance
 
@@ -409,7 +412,7 @@ def _run(
         lag = f" lag {job.lag} steps" if job.fleet else ""
         log(
             f"[{traces[job.trace].name}] {job.replicas} x {job.routing} {what}{lag}: "
-            f"MAT {_fmt(res.mat, 3)}, {res.wall_s:.1f} s"
+            f"MAT {fmt(res.mat, 3)}, {res.wall_s:.1f} s"
         )
 
     if jobs > 1 and len(distinct) > 1 and "fork" in _start_methods():
@@ -462,7 +465,7 @@ def _run(
         "records": records,
         "simulations": len(distinct),
         "jobs": jobs,
-        "environment": _environment(),
+        "environment": environment(),
         "wall_s": time.perf_counter() - t_all,
     }
 
@@ -491,7 +494,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _cell(rec: dict[str, Any] | None) -> str:
     if rec is None:
         return "-"
-    return f"{_fmt(rec['mat'], 3)} ({_fmt(rec['mat_ratio'], 3)})"
+    return f"{fmt(rec['mat'], 3)} ({fmt(rec['mat_ratio'], 3)})"
 
 
 def render_table(results: dict[str, Any]) -> str:
@@ -500,13 +503,13 @@ def render_table(results: dict[str, Any]) -> str:
     out: list[str] = []
     lags = results["lags_ms"]
     cols = [("isolated", None)] + [("fleet", lag) for lag in lags]
-    head = ["replicas", "routing", "isolated"] + [f"fleet {_fmt(lag, 0)} ms" for lag in lags]
+    head = ["replicas", "routing", "isolated"] + [f"fleet {fmt(lag, 0)} ms" for lag in lags]
     for t in results["traces"]:
         c = t["counts"]
         out.append(
             f"== {t['name']} ({t['workload']}): {c['sessions']:,} sessions, "
             f"{c['requests']:,} requests, {c['response_tokens']:,} response tokens; "
-            f"MAT (ratio to 1 replica = {_fmt(t['mat_one_replica'], 3)})"
+            f"MAT (ratio to 1 replica = {fmt(t['mat_one_replica'], 3)})"
         )
         index = {
             (r["replicas"], r["routing"], r["mode"], r["lag_ms"]): r
@@ -523,7 +526,7 @@ def render_table(results: dict[str, Any]) -> str:
                         *(_cell(index.get((n, routing, mode, lag))) for mode, lag in cols),
                     ]
                 )
-        out.append(_table(head, rows))
+        out.append(table(head, rows))
         out.append("")
     order = (
         "trace order"
@@ -553,7 +556,7 @@ def plot_fleet(results: dict[str, Any], out_dir: Path | str) -> tuple[list[Path]
             if r["trace"] != t["name"] or r["mat_ratio"] is None:
                 continue
             label = f"{r['routing']} {r['mode']}" + (
-                f" {_fmt(r['lag_ms'], 0)} ms" if r["mode"] == "fleet" else ""
+                f" {fmt(r['lag_ms'], 0)} ms" if r["mode"] == "fleet" else ""
             )
             lines.setdefault(label, []).append((r["replicas"], r["mat_ratio"]))
         fig, ax = plt.subplots(figsize=(6.5, 4.0))
@@ -728,11 +731,8 @@ def run_cli(args: argparse.Namespace) -> int:
     for p in args.traces:
         if not p.is_file():
             raise FileNotFoundError(f"trace file not found: {p}")
-    cfg = ReplayConfig(
-        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
-    )
-    tok = load_tokenizer(args.tokenizer)
-    _, log = cli_log(args.quiet)
+    start = cli_start(args, inputs=False)
+    cfg, tok, log = start.cfg, start.tokenizer, start.log
     results = run(
         args.traces,
         cfg=cfg,

@@ -18,20 +18,19 @@ acceptance rate (accepted / drafted), drafted tokens per step, drafting µs per
 call (p50/p99), update µs per token, memory, and each method's MAT as a
 fraction of the oracle's (the ceiling for copy-based drafting, see
 `agentspec.bench.oracle`).
+
+This module holds the replay loop, its summaries, tables and command line;
+trace loading lives in `agentspec.bench._trace`, the drafting methods in
+`agentspec.bench._methods`, what every bench command shares (options, the
+``run_cli`` opening `cli_start`, outputs, table formatting, progress) in
+`agentspec.bench._common`.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
-import json
-import math
-import os
-import platform
-import sys
 import time
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,12 +38,44 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-import numpy.typing as npt
 
-from agentspec.bench.ngram import NgramProposer
-from agentspec.bench.oracle import Oracle
+# The names below were defined here before the module was split by job; they
+# stay importable from here (``as`` marks the re-exports).
+from agentspec.bench._common import Progress as Progress
+from agentspec.bench._common import add_common_arguments as add_common_arguments
+from agentspec.bench._common import add_trace_arguments as add_trace_arguments
+from agentspec.bench._common import check_inputs as check_inputs
+from agentspec.bench._common import cli_log as cli_log
+from agentspec.bench._common import cli_start as cli_start
+from agentspec.bench._common import environment as _environment
+from agentspec.bench._common import fmt as _fmt
+from agentspec.bench._common import mb as _mb
+from agentspec.bench._common import release_free_memory as release_free_memory
+from agentspec.bench._common import rss_bytes as rss_bytes
+from agentspec.bench._common import table as _table
+from agentspec.bench._common import write_outputs as write_outputs
+from agentspec.bench._methods import _ARCTIC_METHODS as _ARCTIC_METHODS
+from agentspec.bench._methods import _SPECULATOR_METHODS as _SPECULATOR_METHODS
+from agentspec.bench._methods import METHODS as METHODS
+from agentspec.bench._methods import ORACLE as ORACLE
+from agentspec.bench._methods import ArcticMethod as ArcticMethod
+from agentspec.bench._methods import Method as Method
+from agentspec.bench._methods import NgramMethod as NgramMethod
+from agentspec.bench._methods import OracleMethod as OracleMethod
+from agentspec.bench._methods import ReplayConfig as ReplayConfig
+from agentspec.bench._methods import SpeculatorMethod as SpeculatorMethod
+from agentspec.bench._methods import make_method as make_method
+from agentspec.bench._methods import method_status as method_status
+from agentspec.bench._trace import DEFAULT_TOKENIZER as DEFAULT_TOKENIZER
+from agentspec.bench._trace import IM_END as IM_END
+from agentspec.bench._trace import IM_START as IM_START
+from agentspec.bench._trace import REPO_ROOT as REPO_ROOT
+from agentspec.bench._trace import Request as Request
+from agentspec.bench._trace import Tokens as Tokens
+from agentspec.bench._trace import TraceData as TraceData
+from agentspec.bench._trace import load_tokenizer as load_tokenizer
+from agentspec.bench._trace import load_trace as load_trace
 from agentspec.bench.verifier import accept_linear, accept_tree, advance
-from agentspec.traces import read_traces
 
 __all__ = [
     "METHODS",
@@ -58,573 +89,6 @@ __all__ = [
     "run",
     "run_cli",
 ]
-
-Tokens = npt.NDArray[np.int32]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TOKENIZER = REPO_ROOT.parent / "shared" / "data" / "tokenizers" / "qwen3" / "tokenizer.json"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-
-#: Every method, in report order, with a one-line description.
-METHODS: dict[str, str] = {
-    "confidence": "stage-shards with the confidence policy (DraftParams.confident, the default)",
-    "stage-shards": "Speculator: a shard per (pipeline, stage), pipeline tree, per-request tree",
-    "one-tree": "Speculator(stage_shards=False): one tree per pipeline for all stages",
-    "stage-only": "Speculator(pipeline_tree=False): one tree per stage, no pipeline tree",
-    "global-only": "stage-shards without the per-request tree (use_local=False)",
-    "local-only": "stage-shards drafting from the per-request tree only (use_global=False)",
-    "tree-drafts": "stage-shards with best-first tree drafts (tree=True)",
-    "ngram-5-5": "vLLM n-gram prompt lookup, n in [5, 5], k = max spec tokens",
-    "ngram-3-5": "vLLM n-gram prompt lookup, n in [3, 5], k = max spec tokens",
-    "arctic": "arctic-inference 0.3.0 SuffixDecodingCache (one global tree)",
-    "arctic-per-stage": "one arctic-inference SuffixDecodingCache per stage",
-    "oracle": "longest prefix of the truth seen before (prompt, output, earlier responses)",
-}
-ORACLE = "oracle"
-_SPECULATOR_METHODS = (
-    "confidence",
-    "stage-shards",
-    "one-tree",
-    "stage-only",
-    "global-only",
-    "local-only",
-    "tree-drafts",
-)
-_ARCTIC_METHODS = ("arctic", "arctic-per-stage")
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """Parameters shared by every method."""
-
-    depth: int = 64
-    max_spec_tokens: int = 32
-    alpha: float = 1.0
-    min_prob: float = 0.1
-    conf_min_prob: float = 0.25  # the confidence method's cut (it has no alpha budget)
-
-    def __post_init__(self) -> None:
-        """Check the ranges."""
-        if not 2 <= self.depth <= 1024:
-            raise ValueError(f"depth must be in [2, 1024], got {self.depth}")
-        if not 1 <= self.max_spec_tokens <= 1024:
-            raise ValueError(f"max spec tokens must be in [1, 1024], got {self.max_spec_tokens}")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise ValueError(f"alpha must be finite and >= 0, got {self.alpha}")
-        if not 0.0 <= self.min_prob <= 1.0:
-            raise ValueError(f"min prob must be in [0, 1], got {self.min_prob}")
-        if not 0.0 <= self.conf_min_prob <= 1.0:
-            raise ValueError(f"conf min prob must be in [0, 1], got {self.conf_min_prob}")
-
-
-# --------------------------------------------------------------------------
-# traces
-
-
-@dataclass(frozen=True)
-class Request:
-    """One tokenized request: the prompt is built on demand from its session's tokens."""
-
-    index: int
-    session: int
-    workload: str
-    stage: str
-    context: Tokens  # the session's rendered messages, concatenated (shared)
-    prompt_len: int  # tokens of ``context`` before the generation prompt
-    generation_prompt: Tokens
-    response: Tokens
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Length of the rendered prompt."""
-        return self.prompt_len + len(self.generation_prompt)
-
-    def prompt(self) -> Tokens:
-        """The prompt ids: earlier messages as ChatML, then the generation prompt."""
-        return np.concatenate((self.context[: self.prompt_len], self.generation_prompt))
-
-
-@dataclass(frozen=True)
-class TraceData:
-    """A tokenized trace file."""
-
-    path: Path
-    name: str
-    workload: str
-    sessions: int
-    requests: tuple[Request, ...]
-    tokenize_s: float
-
-    def counts(self) -> dict[str, int]:
-        """Sessions, requests, prompt tokens and response tokens."""
-        return {
-            "sessions": self.sessions,
-            "requests": len(self.requests),
-            "prompt_tokens": sum(r.prompt_tokens for r in self.requests),
-            "response_tokens": sum(len(r.response) for r in self.requests),
-        }
-
-    def stages(self) -> list[str]:
-        """Stage names in order of first appearance."""
-        return list(dict.fromkeys(r.stage for r in self.requests))
-
-
-def load_tokenizer(path: Path | str | None = None, *, chatml: bool = True) -> Any:
-    """Load a HF ``tokenizer.json`` (default: Qwen3 under ../shared beside the repo).
-
-    With ``chatml`` the tokenizer must know ``<|im_start|>`` and ``<|im_end|>``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        RuntimeError: the ``tokenizers`` package is missing.
-        ValueError: the tokenizer has no ChatML special tokens.
-    """
-    p = Path(path) if path is not None else DEFAULT_TOKENIZER
-    if not p.is_file():
-        raise FileNotFoundError(f"tokenizer file not found: {p} (pass --tokenizer PATH)")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as e:
-        raise RuntimeError(
-            "agentspec bench needs the 'tokenizers' package: pip install 'agentspec[bench]'"
-        ) from e
-    tok = Tokenizer.from_file(str(p))
-    if chatml and (tok.token_to_id(IM_START) is None or tok.token_to_id(IM_END) is None):
-        raise ValueError(f"{p}: tokenizer has no {IM_START}/{IM_END} tokens (ChatML is required)")
-    return tok
-
-
-def load_trace(path: Path | str, tokenizer: Any, max_sessions: int | None = None) -> TraceData:
-    """Read and tokenize a trace file (its first ``max_sessions`` sessions).
-
-    Each message is rendered and tokenized once; a request's prompt is a slice
-    of its session's concatenated message ids plus the generation prompt
-    (special tokens are split out by the tokenizer, so this equals tokenizing
-    the whole rendered prompt).
-    """
-    from agentspec.chat import CHATML_GENERATION_PROMPT, chatml_message
-
-    p = Path(path)
-    t0 = time.perf_counter()
-    records = list(read_traces(p, max_sessions=max_sessions))
-    if not records:
-        raise ValueError(f"{p}: no records")
-    texts: list[str] = []
-    for rec in records:
-        for m in rec.messages:
-            texts.append(chatml_message(m.role, m.content))
-            if m.role == "assistant":
-                texts.append(m.content)
-    encs = tokenizer.encode_batch(texts, add_special_tokens=False)
-    gen = np.asarray(
-        tokenizer.encode(CHATML_GENERATION_PROMPT, add_special_tokens=False).ids, dtype=np.int32
-    )
-    requests: list[Request] = []
-    k = 0
-    for s, rec in enumerate(records):
-        parts: list[Tokens] = []
-        pending: list[tuple[int, str, Tokens]] = []  # (prompt_len, stage, response)
-        running = 0
-        for m in rec.messages:
-            ids = np.asarray(encs[k].ids, dtype=np.int32)
-            k += 1
-            if m.role == "assistant":
-                resp = np.asarray(encs[k].ids, dtype=np.int32)
-                k += 1
-                stage = m.stage if m.stage is not None else rec.stage
-                if len(resp):
-                    pending.append((running, stage, resp))
-            parts.append(ids)
-            running += len(ids)
-        context = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        for plen, stage, resp in pending:
-            requests.append(
-                Request(len(requests), s, rec.workload, stage, context, plen, gen, resp)
-            )
-    workloads = list(dict.fromkeys(r.workload for r in records))
-    name = p.name.removesuffix(".gz").removesuffix(".jsonl")
-    return TraceData(
-        p,
-        name,
-        workloads[0] if len(workloads) == 1 else ",".join(workloads),
-        len(records),
-        tuple(requests),
-        time.perf_counter() - t0,
-    )
-
-
-# --------------------------------------------------------------------------
-# methods
-
-
-class Method(ABC):
-    """One drafting method under replay; one request is active at a time.
-
-    ``start``/``draft``/``extend``/``finish`` return the nanoseconds spent in
-    the method's own call (the replay loop's bookkeeping is not timed).
-    """
-
-    name: str = ""
-    #: True when `draft` returns tree drafts (``parents`` not None).
-    tree_drafts: bool = False
-
-    def warmup(self, responses: Sequence[Request]) -> None:  # noqa: B027 (optional hook)
-        """Learn finished responses offline before the replay (default: nothing)."""
-
-    @abstractmethod
-    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
-        """Begin request ``rid`` with its prompt."""
-
-    @abstractmethod
-    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
-        """Draft after ``pos`` response tokens: ``(tokens, parents or None, ns)``."""
-
-    @abstractmethod
-    def extend(self, tokens: list[int]) -> int:
-        """Append the tokens of one verification step to the context."""
-
-    @abstractmethod
-    def finish(self) -> int:
-        """End the active request (the method learns its response)."""
-
-    def tree_bytes(self) -> int | None:
-        """Allocator bytes of the trees kept across requests (None: not measured)."""
-        return None
-
-    def stage_bytes(self) -> dict[str, int]:
-        """Allocator bytes per stage where the method keeps one structure per stage."""
-        return {}
-
-    def close(self) -> None:  # noqa: B027 (optional hook)
-        """Free everything."""
-
-
-class SpeculatorMethod(Method):
-    """`agentspec.Speculator` with stage shards or one tree, and chosen params."""
-
-    def __init__(
-        self,
-        name: str,
-        cfg: ReplayConfig,
-        *,
-        stage_shards: bool = True,
-        pipeline_tree: bool = True,
-        local_tree: bool = True,
-        **overrides: Any,
-    ) -> None:
-        """Build the speculator for method ``name``."""
-        from agentspec import DraftParams, Speculator
-
-        self.name = name
-        self.tree_drafts = bool(overrides.get("tree", False))
-        fields: dict[str, Any] = {
-            "max_spec_tokens": cfg.max_spec_tokens,
-            "alpha": cfg.alpha,
-            "min_token_prob": cfg.min_prob,
-        }
-        fields.update(overrides)
-        params = DraftParams(**fields)
-        self._spec = Speculator(
-            cfg.depth,
-            params=params,
-            stage_shards=stage_shards,
-            pipeline_tree=pipeline_tree,
-            local_tree=local_tree,
-        )
-        self._draft = self._spec.draft
-        self._extend = self._spec.extend
-        self._rid = 0
-        self._keys: set[tuple[str, str]] = set()
-
-    def warmup(self, responses: Sequence[Request]) -> None:
-        """Learn each response into its shards (`Speculator.add_response`)."""
-        for r in responses:
-            self._spec.add_response(
-                r.response, stage=r.stage, pipeline=r.workload, prompt=r.prompt()
-            )
-            self._keys.add((r.workload, r.stage))
-
-    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
-        """`Speculator.start_request` tagged with the stage and the workload as pipeline."""
-        self._rid = rid
-        self._keys.add((req.workload, req.stage))
-        t0 = time.perf_counter_ns()
-        self._spec.start_request(rid, prompt, stage=req.stage, pipeline=req.workload)
-        return time.perf_counter_ns() - t0
-
-    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
-        """`Speculator.draft` with the method's params."""
-        t0 = time.perf_counter_ns()
-        d = self._draft(self._rid)
-        ns = time.perf_counter_ns() - t0
-        return d.token_ids, (d.parents if self.tree_drafts else None), ns
-
-    def extend(self, tokens: list[int]) -> int:
-        """`Speculator.extend`."""
-        t0 = time.perf_counter_ns()
-        self._extend(self._rid, tokens)
-        return time.perf_counter_ns() - t0
-
-    def finish(self) -> int:
-        """`Speculator.finish` with learning."""
-        t0 = time.perf_counter_ns()
-        self._spec.finish(self._rid, learn=True)
-        return time.perf_counter_ns() - t0
-
-    def tree_bytes(self) -> int:
-        """Stage shards plus pipeline trees."""
-        total = sum(t.stats().bytes for t in self._spec.shards().values())
-        for pipeline in {w for w, _ in self._keys}:
-            tree = self._spec.pipeline_tree(pipeline)
-            if tree is not None:
-                total += tree.stats().bytes
-        return total
-
-    def stage_bytes(self) -> dict[str, int]:
-        """Bytes of each stage shard (empty without stage shards)."""
-        out: dict[str, int] = {}
-        for workload, stage in sorted(self._keys):
-            tree = self._spec.shard(stage=stage, pipeline=workload)
-            if tree is not None:
-                out[stage] = out.get(stage, 0) + tree.stats().bytes
-        return out
-
-    def close(self) -> None:
-        """Close the speculator."""
-        self._spec.close()
-
-
-class NgramMethod(Method):
-    """vLLM's n-gram prompt lookup (`agentspec.bench.ngram.NgramProposer`)."""
-
-    def __init__(self, name: str, min_n: int, max_n: int, cfg: ReplayConfig) -> None:
-        """An n-gram proposer for n in [min_n, max_n] drafting max_spec_tokens tokens."""
-        self.name = name
-        self._prop = NgramProposer(min_n, max_n, cfg.max_spec_tokens)
-
-    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
-        """Index the prompt (only its new tokens when it extends the previous context)."""
-        t0 = time.perf_counter_ns()
-        ids = prompt.tolist()
-        ctx = self._prop.context
-        if len(ids) >= len(ctx) > 0 and ids[: len(ctx)] == ctx:
-            self._prop.extend(ids[len(ctx) :])
-        else:
-            self._prop.reset(ids)
-        return time.perf_counter_ns() - t0
-
-    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
-        """The n-gram proposal."""
-        t0 = time.perf_counter_ns()
-        toks = self._prop.propose()
-        return toks, None, time.perf_counter_ns() - t0
-
-    def extend(self, tokens: list[int]) -> int:
-        """Index the new tokens."""
-        t0 = time.perf_counter_ns()
-        self._prop.extend(tokens)
-        return time.perf_counter_ns() - t0
-
-    def finish(self) -> int:
-        """Nothing is learned across requests."""
-        return 0
-
-
-class ArcticMethod(Method):
-    """arctic-inference's SuffixDecodingCache, one global cache or one per stage."""
-
-    def __init__(self, name: str, cfg: ReplayConfig, *, per_stage: bool) -> None:
-        """Prepare the caches (created on first use)."""
-        from arctic_inference.suffix_decoding import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
-            SuffixDecodingCache,
-        )
-
-        self.name = name
-        self._cls = SuffixDecodingCache
-        self._cfg = cfg
-        self._per_stage = per_stage
-        self._caches: dict[tuple[str, str] | None, Any] = {}
-        self._cache: Any = None
-        self._rid = 0
-        self._full: Tokens = np.zeros(0, dtype=np.int32)
-        self._np = 0
-        self._warm = 0
-
-    def _get(self, req: Request) -> Any:
-        key = (req.workload, req.stage) if self._per_stage else None
-        cache = self._caches.get(key)
-        if cache is None:
-            cache = self._caches[key] = self._cls(max_tree_depth=self._cfg.depth)
-        return cache
-
-    def warmup(self, responses: Sequence[Request]) -> None:
-        """Cache each response as a finished request with an empty prompt."""
-        empty = np.zeros(0, dtype=np.int32)
-        for r in responses:
-            cache = self._get(r)
-            rid = ("warmup", self._warm)
-            self._warm += 1
-            cache.start_request(rid, empty)
-            cache.add_active_response(rid, r.response)
-            cache.stop_request(rid)
-
-    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
-        """``start_request``."""
-        self._cache = self._get(req)
-        self._rid = rid
-        self._np = len(prompt)
-        self._full = np.concatenate((prompt, req.response))
-        t0 = time.perf_counter_ns()
-        self._cache.start_request(rid, prompt)
-        return time.perf_counter_ns() - t0
-
-    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
-        """``speculate`` on the last ``depth`` context tokens (an int32 numpy slice)."""
-        end = self._np + pos
-        depth = self._cfg.depth
-        tail = self._full[end - depth if end > depth else 0 : end]
-        c = self._cfg
-        t0 = time.perf_counter_ns()
-        d = self._cache.speculate(
-            self._rid,
-            tail,
-            max_spec_tokens=c.max_spec_tokens,
-            max_spec_factor=c.alpha,
-            max_spec_offset=0.0,
-            min_token_prob=c.min_prob,
-        )
-        ns = time.perf_counter_ns() - t0
-        return d.token_ids, None, ns
-
-    def extend(self, tokens: list[int]) -> int:
-        """``add_active_response``."""
-        t0 = time.perf_counter_ns()
-        self._cache.add_active_response(self._rid, tokens)
-        return time.perf_counter_ns() - t0
-
-    def finish(self) -> int:
-        """``stop_request`` (the response stays cached)."""
-        t0 = time.perf_counter_ns()
-        self._cache.stop_request(self._rid)
-        return time.perf_counter_ns() - t0
-
-    @staticmethod
-    def _bytes(cache: Any) -> int | None:
-        tree = getattr(cache, "_global_tree", None)
-        est = getattr(tree, "estimate_memory", None)
-        return int(est()) if est is not None else None
-
-    def tree_bytes(self) -> int | None:
-        """Sum of arctic's own ``estimate_memory()`` of the global trees."""
-        sizes = [self._bytes(c) for c in self._caches.values()]
-        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
-
-    def stage_bytes(self) -> dict[str, int]:
-        """Per stage (per-stage caches only)."""
-        out: dict[str, int] = {}
-        if self._per_stage:
-            for key, cache in self._caches.items():
-                n = self._bytes(cache)
-                if key is not None and n is not None:
-                    out[key[1]] = out.get(key[1], 0) + n
-        return out
-
-
-class OracleMethod(Method):
-    """The copy-drafting ceiling (`agentspec.bench.oracle.Oracle`)."""
-
-    def __init__(self, cfg: ReplayConfig) -> None:
-        """An empty oracle drafting at most max_spec_tokens tokens."""
-        self.name = ORACLE
-        self._oracle = Oracle(cfg.max_spec_tokens)
-
-    def warmup(self, responses: Sequence[Request]) -> None:
-        """Warm-up responses count as seen data."""
-        for r in responses:
-            self._oracle.add_response(r.response)
-
-    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
-        """Index the prompt; the truth is the response."""
-        t0 = time.perf_counter_ns()
-        self._oracle.start(prompt, req.response.tolist())
-        return time.perf_counter_ns() - t0
-
-    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
-        """The longest seen prefix of the truth."""
-        t0 = time.perf_counter_ns()
-        toks = self._oracle.draft(pos)
-        return toks, None, time.perf_counter_ns() - t0
-
-    def extend(self, tokens: list[int]) -> int:
-        """Index the output."""
-        t0 = time.perf_counter_ns()
-        self._oracle.extend(tokens)
-        return time.perf_counter_ns() - t0
-
-    def finish(self) -> int:
-        """Learn the response."""
-        t0 = time.perf_counter_ns()
-        self._oracle.finish()
-        return time.perf_counter_ns() - t0
-
-    def tree_bytes(self) -> int:
-        """Both oracle indexes."""
-        return self._oracle.tree_bytes()
-
-    def close(self) -> None:
-        """Free the indexes."""
-        self._oracle.close()
-
-
-def method_status() -> dict[str, str | None]:
-    """Map every method to None when it can run here, else to why it is skipped."""
-    out: dict[str, str | None] = dict.fromkeys(METHODS)
-    try:
-        from agentspec import Speculator  # noqa: F401
-    except ImportError as e:
-        for m in _SPECULATOR_METHODS:
-            out[m] = f"agentspec.Speculator is not importable ({e})"
-    try:
-        import arctic_inference.suffix_decoding  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
-    except ImportError as e:
-        for m in _ARCTIC_METHODS:
-            out[m] = f"arctic_inference.suffix_decoding is not importable ({e})"
-    return out
-
-
-def make_method(name: str, cfg: ReplayConfig) -> Method:
-    """Create the method called ``name`` (one of `METHODS`)."""
-    if name == "confidence":
-        from agentspec._core.draft import CONFIDENT_ALPHA, DEFAULT_CONF
-
-        return SpeculatorMethod(
-            name, cfg, alpha=CONFIDENT_ALPHA, min_token_prob=cfg.conf_min_prob, conf=DEFAULT_CONF
-        )
-    if name == "stage-shards":
-        return SpeculatorMethod(name, cfg)
-    if name == "one-tree":
-        return SpeculatorMethod(name, cfg, stage_shards=False)
-    if name == "stage-only":
-        return SpeculatorMethod(name, cfg, pipeline_tree=False)
-    if name == "global-only":
-        return SpeculatorMethod(name, cfg, local_tree=False, use_local=False)
-    if name == "local-only":
-        return SpeculatorMethod(name, cfg, use_global=False)
-    if name == "tree-drafts":
-        return SpeculatorMethod(name, cfg, tree=True)
-    if name == "ngram-5-5":
-        return NgramMethod(name, 5, 5, cfg)
-    if name == "ngram-3-5":
-        return NgramMethod(name, 3, 5, cfg)
-    if name == "arctic":
-        return ArcticMethod(name, cfg, per_stage=False)
-    if name == "arctic-per-stage":
-        return ArcticMethod(name, cfg, per_stage=True)
-    if name == ORACLE:
-        return OracleMethod(cfg)
-    raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-
 
 # --------------------------------------------------------------------------
 # replay
@@ -655,80 +119,6 @@ def shard_bin(n: int) -> tuple[int, int]:
         return 0, 0
     lo = 1 << (n.bit_length() - 1)
     return lo, 2 * lo - 1
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def release_free_memory() -> None:
-    """Collect garbage and return freed heap pages to the OS (glibc ``malloc_trim``).
-
-    Run before each method so that its RSS growth is not hidden by memory an
-    earlier method freed (no-op where glibc is not available).
-    """
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def rss_bytes() -> int | None:
-    """Resident set size of this process (Linux ``/proc``; None elsewhere)."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class Progress:
-    """A one-line ``\\r`` progress display on a terminal; one final line otherwise."""
-
-    def __init__(self, stream: TextIO | None, label: str, total: int) -> None:
-        """Show progress of ``total`` items under ``label`` on ``stream`` (None: silent)."""
-        self._stream = stream
-        self._tty = bool(stream is not None and stream.isatty())
-        self._label = label
-        self._total = max(total, 1)
-        self._t0 = time.perf_counter()
-        self._last = 0.0
-        self._width = 0
-
-    def update(self, done: int) -> None:
-        """Redraw (at most 5 times a second)."""
-        if not self._tty or self._stream is None:
-            return
-        now = time.perf_counter()
-        if now - self._last < 0.2 and done < self._total:
-            return
-        self._last = now
-        frac = done / self._total
-        bar = "#" * int(frac * 20)
-        self._write(
-            f"\r{self._label} [{bar:<20}] {done}/{self._total} requests  {now - self._t0:.0f} s"
-        )
-
-    def _write(self, text: str) -> None:
-        assert self._stream is not None
-        pad = max(self._width - len(text), 0)
-        self._stream.write(text + " " * pad)
-        self._stream.flush()
-        self._width = len(text)
-
-    def close(self, tail: str) -> None:
-        """Print the final line."""
-        if self._stream is None:
-            return
-        line = f"{self._label}: {tail}"
-        if self._tty:
-            self._write("\r" + line)
-            self._stream.write("\n")
-        else:
-            self._stream.write(line + "\n")
-        self._stream.flush()
 
 
 @dataclass
@@ -1031,63 +421,8 @@ def run(
     }
 
 
-def _environment() -> dict[str, Any]:
-    versions: dict[str, str | None] = {}
-    for dist in ("agentspec", "arctic-inference", "tokenizers", "numpy"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "versions": versions,
-    }
-
-
 # --------------------------------------------------------------------------
 # tables
-
-
-def _fmt(v: Any, nd: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "-"
-        return f"{v:,.{nd}f}"
-    return str(v)
-
-
-def _mb(v: int | None) -> str:
-    return "-" if v is None else f"{v / 2**20:,.1f}"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)
-    ]
-    lines = [
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(head, widths, strict=True))
-        )
-    ]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
-    return "\n".join(lines)
 
 
 _COMMON_HEAD = ["steps", "MAT", "/oracle", "accept", "drafted/step", "draft p50 µs", "p99 µs"]
@@ -1159,50 +494,6 @@ def render_tables(results: dict[str, Any]) -> str:
 # command line
 
 
-def add_common_arguments(p: argparse.ArgumentParser, *, budget_rule: bool = True) -> None:
-    """The options every ``bench`` replay command shares: tokenizer, tree and draft
-    configuration (``--alpha``/``--min-prob`` only with ``budget_rule``), outputs."""
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        default=None,
-        help=f"HF tokenizer.json with ChatML tokens (default: {DEFAULT_TOKENIZER})",
-    )
-    p.add_argument("--depth", type=int, default=64, help="tree depth (default 64)")
-    p.add_argument(
-        "--max-spec-tokens", type=int, default=32, help="most draft tokens per step (default 32)"
-    )
-    if budget_rule:
-        p.add_argument("--alpha", type=float, default=1.0, help="draft budget per matched token")
-        p.add_argument(
-            "--min-prob", type=float, default=0.1, help="min path probability of a token"
-        )
-        p.add_argument(
-            "--conf-min-prob",
-            type=float,
-            default=0.25,
-            help="the confidence method's min path probability (default 0.25; it has no alpha)",
-        )
-    p.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
-    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-
-
-def add_trace_arguments(p: argparse.ArgumentParser, *, warmup: bool = False) -> None:
-    """The trace files, ``--max-sessions`` and (with ``warmup``) ``--warmup-from``."""
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (.jsonl or .jsonl.gz)")
-    p.add_argument(
-        "--max-sessions", type=int, default=None, help="replay only the first N sessions per file"
-    )
-    if warmup:
-        p.add_argument(
-            "--warmup-from",
-            type=Path,
-            default=None,
-            help="learn all responses of this trace file before each replay (offline warm-up)",
-        )
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench replay`` options to ``p``."""
     add_trace_arguments(p, warmup=True)
@@ -1226,35 +517,13 @@ def parse_methods(spec: str) -> list[str]:
     return names
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def check_inputs(paths: Sequence[Path], max_sessions: int | None) -> None:
-    """Raise before any work when a trace file is missing or ``--max-sessions`` < 1."""
-    if max_sessions is not None and max_sessions < 1:
-        raise ValueError(f"--max-sessions must be >= 1, got {max_sessions}")
-    for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"trace file not found: {p}")
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``agentspec bench replay`` from parsed arguments; return the exit status."""
     warm = [args.warmup_from] if args.warmup_from else []
     check_inputs([*args.traces, *warm], args.max_sessions)
     methods = parse_methods(args.methods)
-    cfg = ReplayConfig(
-        args.depth, args.max_spec_tokens, args.alpha, args.min_prob, args.conf_min_prob
-    )
-    tok = load_tokenizer(args.tokenizer)
-    err, log = cli_log(args.quiet)
+    start = cli_start(args, inputs=False)
+    cfg, tok, err, log = start.cfg, start.tokenizer, start.err, start.log
     results = run(
         args.traces,
         cfg=cfg,
@@ -1270,36 +539,3 @@ def run_cli(args: argparse.Namespace) -> int:
 
     write_outputs(results, render_tables(results), args.json, args.plots, plot_replay, log)
     return 0
-
-
-def cli_log(quiet: bool) -> tuple[TextIO | None, Callable[[str], None]]:
-    """The progress stream (stderr, or None when ``quiet``) and a logger writing to it."""
-    err = None if quiet else sys.stderr
-
-    def log(msg: str) -> None:
-        if err is not None:
-            print(msg, file=err, flush=True)
-
-    return err, log
-
-
-def write_outputs(
-    results: dict[str, Any],
-    table: str,
-    json_path: Path | None,
-    plots_dir: Path | None,
-    plot: Callable[[dict[str, Any], Path], tuple[list[Path], str | None]],
-    log: Callable[[str], None],
-) -> None:
-    """Print ``table``; write ``results`` as JSON and ``plot`` them when asked."""
-    sys.stdout.write(table)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
-        log(f"wrote {json_path}")
-    if plots_dir is not None:
-        written, why = plot(results, plots_dir)
-        if why is not None:
-            print(f"plots skipped: {why}", file=sys.stderr)
-        for w in written:
-            log(f"wrote {w}")

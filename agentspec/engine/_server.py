@@ -1,4 +1,4 @@
-"""The embedded engine's OpenAI-compatible HTTP server (stdlib ``ThreadingHTTPServer``).
+"""The embedded engine's OpenAI-compatible HTTP server (`agentspec._util.http_server`).
 
 Routes:
 
@@ -47,8 +47,9 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from agentspec._push.intake import IntakeHTTPServer, IntakeRequestHandler, ShardIntake
+from agentspec._push.intake import ShardIntake, serve_shard_request
 from agentspec._push.wire import API_PREFIX, ErrorType, check_bearer
+from agentspec._util.http_server import ThreadedHTTPServer, TrackedRequestHandler
 from agentspec._util.log import get_logger
 from agentspec.engine._engine import (
     Completion,
@@ -86,10 +87,6 @@ MAX_REQUEST_BYTES = 16 << 20
 
 _ROUTES = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
 
-#: Pending connections the listening socket queues (the kernel caps it at
-#: ``net.core.somaxconn``).
-LISTEN_BACKLOG = 1024
-
 #: The message of a 500 answer; what went wrong is logged, never sent.
 _INTERNAL_ERROR = "internal server error (see the server log)"
 
@@ -115,8 +112,8 @@ def _peer_closed(sock: socket.socket) -> bool:
         return True
 
 
-class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
-    """OpenAI routes here; ``/v1/agentspec/...`` to the intake (the parent class)."""
+class _Handler(TrackedRequestHandler, BaseHTTPRequestHandler):
+    """OpenAI routes here; ``/v1/agentspec/...`` to the intake (`serve_shard_request`)."""
 
     server: _EngineHTTPServer
     #: The access log's status and result of the request being served.
@@ -134,7 +131,8 @@ class _Handler(IntakeRequestHandler, BaseHTTPRequestHandler):
                 self._drain()
                 self._error(refused)
                 return
-            getattr(super(), f"do_{self.command}")()
+            intake = self.server.intake
+            serve_shard_request(self, intake, intake.handle)
             return
         try:
             self._openai(path)
@@ -374,13 +372,19 @@ def _named(req: ParsedRequest, rid: str) -> ParsedRequest:
     return dataclasses.replace(req, generation=dataclasses.replace(req.generation, identity=rid))
 
 
-class _EngineHTTPServer(IntakeHTTPServer):
-    """The intake's HTTP server with a listen backlog for bursts of clients."""
+class _EngineHTTPServer(ThreadedHTTPServer):
+    """The engine's threaded HTTP server (backlog 1024), holding the intake it mounts."""
 
     owner: EngineServer
-    #: ``listen()`` backlog (socketserver's default, 5, drops connection bursts:
-    #: clients then wait for SYN retransmits, or time out).
-    request_queue_size = LISTEN_BACKLOG
+    #: The names its connection events have always had (the shard routes' server).
+    log_name = "agentspec.intake"
+
+    def __init__(
+        self, address: tuple[str, int], intake: ShardIntake, handler: type[_Handler]
+    ) -> None:
+        """Bind to ``address`` (port 0: any free port) without serving yet."""
+        self.intake = intake
+        super().__init__(address, handler)
 
 
 class EngineServer:
