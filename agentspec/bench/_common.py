@@ -39,6 +39,7 @@ __all__ = [
     "fmt",
     "json_safe",
     "mb",
+    "mirror_prompt",
     "release_free_memory",
     "rss_bytes",
     "table",
@@ -46,6 +47,33 @@ __all__ = [
 ]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+#: The sequence id of a request's context in a `mirror_prompt` tree.
+LOCAL_SEQ = 0
+
+
+def mirror_prompt(tree: Any, ctx: Any, prompt: Any, depth: int) -> Any:
+    """A `SuffixTree` over ``prompt`` as a request's per-request tree holds it.
+
+    ``tree`` mirrors the previous request's context ``ctx`` (or is None): when
+    ``prompt`` extends ``ctx`` (a session's next turn) only the new tokens are
+    appended to it; otherwise it is closed and a fresh tree is made.  The
+    caller appends the response's tokens under `LOCAL_SEQ` as they come.
+    """
+    import numpy as np
+
+    from agentspec import SuffixTree
+
+    if tree is not None and len(prompt) >= len(ctx) and np.array_equal(prompt[: len(ctx)], ctx):
+        if len(prompt) > len(ctx):
+            tree.append(LOCAL_SEQ, prompt[len(ctx) :])
+        return tree
+    if tree is not None:
+        tree.close()
+    tree = SuffixTree(depth)
+    if len(prompt):
+        tree.append(LOCAL_SEQ, prompt)
+    return tree
 
 
 def release_free_memory() -> None:

@@ -51,9 +51,11 @@ from typing import Any
 import numpy as np
 
 from agentspec.bench._common import (
+    LOCAL_SEQ,
     add_common_arguments,
     add_trace_arguments,
     cli_start,
+    mirror_prompt,
     write_outputs,
 )
 from agentspec.bench._methods import (
@@ -95,7 +97,6 @@ COND_BUCKETS: tuple[tuple[str, float], ...] = (
 DEFAULT_MODEL = (0.5, 1.0, 0.5)
 
 _BIN_LABELS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
-_LOCAL_SEQ = 0
 _P_EPS = 1e-12
 
 
@@ -315,14 +316,13 @@ class _Collector:
     """Replays one trace and records every verified draft token (see the module docstring)."""
 
     def __init__(self, cfg: ReplayConfig) -> None:
-        from agentspec import DraftParams, Speculator, SuffixTree
+        from agentspec import DraftParams, Speculator
 
         self.depth = cfg.depth
         params = DraftParams(
             max_spec_tokens=cfg.max_spec_tokens, alpha=EVIDENCE_ALPHA, min_token_prob=0.0
         )
         self.spec = Speculator(cfg.depth, params=params, goodput=False)
-        self._tree_cls = SuffixTree
         self.local: Any = None  # the request's prompt and output so far (its cursor's tree)
         self._ctx: np.ndarray[Any, Any] = np.zeros(0, dtype=np.int32)
         self.cells = _Cells()
@@ -334,20 +334,7 @@ class _Collector:
 
     def _start_local(self, prompt: np.ndarray[Any, Any]) -> None:
         """Index the prompt; only its new tokens when it extends the previous context."""
-        ctx = self._ctx
-        if (
-            self.local is not None
-            and len(prompt) >= len(ctx)
-            and np.array_equal(prompt[: len(ctx)], ctx)
-        ):
-            if len(prompt) > len(ctx):
-                self.local.append(_LOCAL_SEQ, prompt[len(ctx) :])
-        else:
-            if self.local is not None:
-                self.local.close()
-            self.local = self._tree_cls(self.depth)
-            if len(prompt):
-                self.local.append(_LOCAL_SEQ, prompt)
+        self.local = mirror_prompt(self.local, self._ctx, prompt, self.depth)
         self._ctx = prompt
 
     def run(self, trace: TraceData) -> None:
@@ -371,7 +358,7 @@ class _Collector:
                 step = advance(a, n - pos)
                 chunk = resp[pos : pos + step]
                 spec.extend(i, chunk)
-                self.local.append(_LOCAL_SEQ, chunk)
+                self.local.append(LOCAL_SEQ, chunk)
                 tail = (tail + chunk)[-self.depth :]
                 pos += step
                 self.steps += 1

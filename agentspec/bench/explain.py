@@ -64,9 +64,11 @@ from typing import Any
 import numpy as np
 
 from agentspec.bench._common import (
+    LOCAL_SEQ,
     add_common_arguments,
     add_trace_arguments,
     cli_start,
+    mirror_prompt,
     write_outputs,
 )
 from agentspec.bench._methods import (
@@ -105,7 +107,6 @@ CLASSES: dict[str, str] = {
 }
 
 _LOCAL = "local"
-_LOCAL_SEQ = 0
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class _Explainer:
     """Classifies the oracle wins of one trace replay (see the module docstring)."""
 
     def __init__(self, cfg: ReplayConfig, *, keep_steps: bool, method: str = "confidence") -> None:
-        from agentspec import DraftParams, Speculator, SuffixTree
+        from agentspec import DraftParams, Speculator
         from agentspec._core.draft import CONFIDENT_ALPHA
 
         if method not in EXPLAIN_METHODS:
@@ -186,7 +187,6 @@ class _Explainer:
             )
         self.spec = Speculator(cfg.depth, params=self.params)
         self.oracle = Oracle(cfg.max_spec_tokens)
-        self._tree_cls = SuffixTree
         self.local: Any = None  # a SuffixTree over the request's context (= its cursor's tree)
         self._ctx: np.ndarray[Any, Any] = np.zeros(0, dtype=np.int32)
         self._pattern_params: dict[tuple[int, float, float], Any] = {}
@@ -204,20 +204,7 @@ class _Explainer:
 
     def _start_local(self, prompt: np.ndarray[Any, Any]) -> None:
         """Index the prompt; only its new tokens when it extends the previous context."""
-        ctx = self._ctx
-        if (
-            self.local is not None
-            and len(prompt) >= len(ctx)
-            and np.array_equal(prompt[: len(ctx)], ctx)
-        ):
-            if len(prompt) > len(ctx):
-                self.local.append(_LOCAL_SEQ, prompt[len(ctx) :])
-        else:
-            if self.local is not None:
-                self.local.close()
-            self.local = self._tree_cls(self.depth)
-            if len(prompt):
-                self.local.append(_LOCAL_SEQ, prompt)
+        self.local = mirror_prompt(self.local, self._ctx, prompt, self.depth)
         self._ctx = prompt
 
     def _pattern(self, p: int, *, min_prob: float | None = None, alpha: float | None = None) -> Any:
@@ -281,7 +268,7 @@ class _Explainer:
                 chunk = resp[pos : pos + step]
                 spec.extend(i, chunk)
                 oracle.extend(chunk)
-                self.local.append(_LOCAL_SEQ, chunk)
+                self.local.append(LOCAL_SEQ, chunk)
                 pos += step
                 self.steps += 1
                 st.steps += 1
