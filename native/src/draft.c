@@ -420,6 +420,9 @@ typedef struct best_t {
     int side; /* which search produced it (-1: none yet) */
 } best_t;
 
+/* Slack on score bounds: sums of rounded path probabilities may exceed them by ulps. */
+#define BOUND_SLACK 1e-9
+
 /* Can a draft of pattern length p scoring `score` from `side` displace the best? */
 static int wins(const best_t *best, int side, uint32_t p, double score) {
     if (score > best->g.score) return 1;
@@ -684,8 +687,12 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
     uint32_t p, bound;
     while (porder_next(&o, &p, &bound)) {
         if (bound == 0) break; /* every later bound is 0 too */
-        if (!wins(best, side, p, (double)bound)) {
-            if ((double)bound < best->g.score) break;
+        /* A tree draft's score is at most its depth room only in exact arithmetic
+         * (the D of a depth's nodes sum to at most 1); rounded products can sum
+         * a few ulps above it, so the bound gets some slack before it prunes. */
+        double limit = (double)bound + BOUND_SLACK;
+        if (!wins(best, side, p, limit)) {
+            if (limit < best->g.score) break;
             continue;
         }
         uint32_t b = budget_for(prm, p);

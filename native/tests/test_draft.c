@@ -723,6 +723,44 @@ static void test_conf_table(void) {
     as_tree_free(g);
 }
 
+/* A tree draft whose rounded probabilities sum a few ulps above its depth room
+ * (2 levels, score 2.0000000000000004) is not pruned by that bound: it beats
+ * a chain scoring exactly 2, as in the model (found by the fuzzer). */
+static void test_tree_bound_slack(void) {
+    static nv_draft want;
+    static const int32_t s0[] = {2, 2, 2, 2, 2, 2, 2, 2147483647, 1, 1};
+    static const int32_t s1[] = {0, 1, 0, 2147483647, 1, 1, 2, 2, 2, 3, 2, 2, 2, 2, 2};
+    static const int32_t s2[] = {3, 2, 2, 2, 2, 0, 1, 1, 3};
+    static const int32_t s3[] = {0, 0};
+    const int32_t *seqs[] = {s0, s1, s2, s3};
+    const size_t lens[] = {ARRAY_LEN(s0), ARRAY_LEN(s1), ARRAY_LEN(s2), ARRAY_LEN(s3)};
+    const int32_t ctx[] = {2, 2, 2, 2};
+    as_tree *g = tree_with(6, seqs, lens, 4), *l = tree_with(6, (const int32_t *const[]){ctx}, (const size_t[]){4}, 1);
+    REQUIRE(g != NULL && l != NULL);
+    nv_tree mg, ml;
+    nv_init(&mg, 6);
+    nv_init(&ml, 6);
+    for (int i = 0; i < 4; i++) nv_add(&mg, i, seqs[i], lens[i]);
+    nv_add(&ml, 0, ctx, 4);
+    as_draft_params p = params_default();
+    p.flags = AS_DRAFT_TREE;
+    p.alpha = 1.5;
+    p.offset = 1.0;
+    p.min_token_prob = 0.0;
+    p.max_spec_tokens = 7;
+    outbuf b;
+    as_draft_out *o = outbuf_init(&b, 7);
+    REQUIRE_OK(as_draft_context(g, l, ctx, 4, &p, o));
+    nv_draft_context(&mg, &ml, ctx, 4, &p, &want);
+    CHECK(nv_draft_equal(&want, o));
+    CHECK_EQ_U64(o->source, 1);
+    CHECK(o->score > 2.0);
+    nv_free(&mg);
+    nv_free(&ml);
+    as_tree_free(g);
+    as_tree_free(l);
+}
+
 /* ---- random cross-checks against naive.h -------------------------------- */
 
 static void random_params(th_rng *r, as_draft_params *p, int allow_merge) {
@@ -958,6 +996,7 @@ static void test_draft_is_read_only(void) {
 
 int main(void) {
     TEST_RUN(test_conf_table);
+    TEST_RUN(test_tree_bound_slack);
     TEST_RUN(test_params_default);
     TEST_RUN(test_vocab_bound);
     TEST_RUN(test_linear_example);
