@@ -429,6 +429,18 @@ static int wins(const best_t *best, int side, uint32_t p, double score) {
     return score == best->g.score && best->side == side && p > best->p;
 }
 
+/* Record a draft of n tokens scoring `score`, in scratch buffer buf, as the best. */
+static void take(best_t *best, int buf, uint32_t n, double score, uint32_t p, uint32_t source,
+                 uint32_t gindex, int side) {
+    best->buf = buf;
+    best->g.n = n;
+    best->g.score = score;
+    best->p = p;
+    best->source = source;
+    best->gindex = gindex;
+    best->side = side;
+}
+
 /* Pattern lengths in the order `search` tries them: bound desc, then p desc,
  * with bound(p) = min(budget(p), dcap - p).  The budget never shrinks as p
  * grows while the room shrinks by one per step, so below a threshold q every
@@ -609,23 +621,15 @@ static void search_runs(scratch *sc, const as_tree *t, const point *pts, const a
              * point (the most room in the depth-bounded tree). */
             uint32_t b = budget_for(prm, hi);
             uint32_t cc = b < dcap - lo ? b : dcap - lo;
-            uint32_t pc = hi;
-            if (cc == 0 || !wins(best, side, pc, (double)cc)) {
+            if (cc == 0 || !wins(best, side, hi, (double)cc)) {
                 hi = lo - 1;
                 continue;
             }
             int buf = 1 - best->buf;
             uint32_t n = run_walk(sc, t, pts[lo], cc, prm->min_token_prob, prm->vocab_size, conf,
-                                  pc, buf);
-            if (n > 0 && wins(best, side, pc, sc->sum[n])) {
-                best->buf = buf;
-                best->g.n = n;
-                best->g.score = sc->sum[n];
-                best->p = pc;
-                best->source = source;
-                best->gindex = gindex;
-                best->side = side;
-            }
+                                  hi, buf);
+            if (n > 0 && wins(best, side, hi, sc->sum[n]))
+                take(best, buf, n, sc->sum[n], hi, source, gindex, side);
         } else if (cap > 0 && wins(best, side, hi, (double)cap)) {
             int buf = 1 - best->buf;
             uint32_t n =
@@ -642,15 +646,8 @@ static void search_runs(scratch *sc, const as_tree *t, const point *pts, const a
                 }
                 if (p == lo) break;
             }
-            if (bn > 0 && wins(best, side, bp, sc->sum[bn])) {
-                best->buf = buf;
-                best->g.n = bn;
-                best->g.score = sc->sum[bn];
-                best->p = bp;
-                best->source = source;
-                best->gindex = gindex;
-                best->side = side;
-            }
+            if (bn > 0 && wins(best, side, bp, sc->sum[bn]))
+                take(best, buf, bn, sc->sum[bn], bp, source, gindex, side);
         }
         hi = lo - 1;
     }
@@ -706,14 +703,8 @@ static int search(scratch *sc, const candidates *cand, const as_draft_params *pr
                            : linear_merged(sc, cand, mp, p, dcap, b, prm->min_token_prob,
                                            prm->vocab_size, conf, buf, &g);
         if (rc != AS_OK) return rc;
-        if (g.n > 0 && wins(best, side, p, g.score)) {
-            best->buf = buf;
-            best->g = g;
-            best->p = p;
-            best->source = source;
-            best->gindex = gindex;
-            best->side = side;
-        }
+        if (g.n > 0 && wins(best, side, p, g.score))
+            take(best, buf, g.n, g.score, p, source, gindex, side);
     }
     return AS_OK;
 }
