@@ -18,11 +18,13 @@ import numpy as np
 from agentspec.bench._trace import Request, Tokens
 from agentspec.bench.ngram import NgramProposer
 from agentspec.bench.oracle import Oracle
+from agentspec.bench.pointer import CopyPointer
 
 __all__ = [
     "METHODS",
     "ORACLE",
     "ArcticMethod",
+    "CopyPointerMethod",
     "Method",
     "NgramMethod",
     "OracleMethod",
@@ -41,6 +43,7 @@ METHODS: dict[str, str] = {
     "global-only": "stage-shards without the per-request tree (use_local=False)",
     "local-only": "stage-shards drafting from the per-request tree only (use_global=False)",
     "tree-drafts": "stage-shards with best-first tree drafts (tree=True)",
+    "copy-pointer": "confidence, with each draft's tokens taken from the copy the request follows",
     "ngram-5-5": "vLLM n-gram prompt lookup, n in [5, 5], k = max spec tokens",
     "ngram-3-5": "vLLM n-gram prompt lookup, n in [3, 5], k = max spec tokens",
     "arctic": "arctic-inference 0.3.0 SuffixDecodingCache (one global tree)",
@@ -56,6 +59,7 @@ _SPECULATOR_METHODS = (
     "global-only",
     "local-only",
     "tree-drafts",
+    "copy-pointer",
 )
 _ARCTIC_METHODS = ("arctic", "arctic-per-stage")
 
@@ -219,6 +223,56 @@ class SpeculatorMethod(Method):
     def close(self) -> None:
         """Close the speculator."""
         self._spec.close()
+
+
+class CopyPointerMethod(SpeculatorMethod):
+    """The confidence policy, its draft's tokens replaced by a `CopyPointer`'s.
+
+    The speculator decides how many tokens to draft; once the request has
+    followed one earlier copy for ``min_streak`` tokens, the draft holds what
+    followed that copy instead (same length), so the two differ only in which
+    continuation they pick.
+    """
+
+    def __init__(self, name: str, cfg: ReplayConfig, *, min_streak: int = 4) -> None:
+        """Build the confidence speculator and an empty pointer index."""
+        from agentspec._core.draft import CONFIDENT_ALPHA, DEFAULT_CONF
+
+        super().__init__(
+            name, cfg, alpha=CONFIDENT_ALPHA, min_token_prob=cfg.conf_min_prob, conf=DEFAULT_CONF
+        )
+        self.min_streak = min_streak
+        self._ptr = CopyPointer()
+
+    def warmup(self, responses: Sequence[Request]) -> None:
+        """Learn each response into the shards and the pointer's index."""
+        super().warmup(responses)
+        for r in responses:
+            self._ptr.begin(r.response.tolist())
+
+    def start(self, rid: int, req: Request, prompt: Tokens) -> int:
+        """Start the request in both."""
+        ns = super().start(rid, req, prompt)
+        t0 = time.perf_counter_ns()
+        self._ptr.begin(prompt.tolist())
+        return ns + time.perf_counter_ns() - t0
+
+    def draft(self, pos: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
+        """The speculator's draft length, the copy's tokens when one is followed."""
+        toks, parents, ns = super().draft(pos)
+        if not len(toks) or self._ptr.streak < self.min_streak:
+            return toks, parents, ns
+        t0 = time.perf_counter_ns()
+        copy = self._ptr.propose(len(toks))
+        ns += time.perf_counter_ns() - t0
+        return (copy, None, ns) if len(copy) == len(toks) else (toks, parents, ns)
+
+    def extend(self, tokens: list[int]) -> int:
+        """Extend both."""
+        ns = super().extend(tokens)
+        t0 = time.perf_counter_ns()
+        self._ptr.observe(tokens)
+        return ns + time.perf_counter_ns() - t0
 
 
 class NgramMethod(Method):
@@ -427,6 +481,8 @@ def make_method(name: str, cfg: ReplayConfig) -> Method:
         return SpeculatorMethod(
             name, cfg, alpha=CONFIDENT_ALPHA, min_token_prob=cfg.conf_min_prob, conf=DEFAULT_CONF
         )
+    if name == "copy-pointer":
+        return CopyPointerMethod(name, cfg)
     if name == "stage-shards":
         return SpeculatorMethod(name, cfg)
     if name == "one-tree":
