@@ -24,7 +24,8 @@ outputs with live learning).
 ``--proposer-metrics`` times the vLLM proposer itself instead
 (`agentspec_vllm.proposer.AgentSpecProposer`, driven through a stand-in of
 vLLM's model runner): µs per ``propose`` call with the plugin's metrics on
-and off (``metrics`` setting), the runs of both modes interleaved, and the
+and off (``metrics`` setting), the runs of both modes interleaved (in alternating
+order), and the
 on/off ratio of their medians.  With ``--goodput off`` both modes must make
 the same drafts (checked); the goodput controller's cuts depend on measured
 step times, so with it on they may differ slightly.
@@ -214,8 +215,8 @@ def proposer_metrics_main(args: argparse.Namespace, requests: list[Request]) -> 
         for batch in (int(b) for b in args.batch.split(",")):
             per: dict[bool, list[float]] = {False: [], True: []}
             results: dict[bool, list[list[int]]] = {}
-            for _ in range(args.repeats):
-                for metrics in (False, True):
+            for rep in range(args.repeats):
+                for metrics in (False, True) if rep % 2 == 0 else (True, False):
                     gc.collect()
                     gc.disable()
                     try:
