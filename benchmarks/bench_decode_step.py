@@ -23,7 +23,8 @@ outputs with live learning).
 
 ``--proposer-metrics`` times the vLLM proposer itself instead
 (`agentspec_vllm.proposer.AgentSpecProposer`, driven through a stand-in of
-vLLM's model runner): µs per ``propose`` call with the plugin's metrics on
+vLLM's model runner): CPU µs per ``propose`` call (the calling thread's CPU
+time, so that other processes on a busy machine do not count) with the plugin's metrics on
 and off (``metrics`` setting), the runs of both modes interleaved (in alternating
 order), and the
 on/off ratio of their medians.  With ``--goodput off`` both modes must make
@@ -159,9 +160,9 @@ class _Runner:
             sampled.append(new)
             if pos + len(new) >= len(resp):
                 finished.append(rid)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: other processes on the machine do not count
         drafts = self.drafter.propose(sampled, self.num_tokens, self.token_ids_cpu)
-        spent = time.perf_counter() - t0
+        spent = time.thread_time() - t0
         for rid, d in zip(self.rows, drafts, strict=True):
             resp, pos, _ = self.state[rid]
             self.state[rid] = (resp, pos, d)
