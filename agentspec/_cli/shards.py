@@ -1,10 +1,10 @@
 """``agentspec shards``: inspect and maintain a client shard store directory.
 
 Every subcommand takes ``--store DIR`` (the directory of a `ShardStore`).
-``list``, ``stats``, ``export``, ``push`` and ``status`` only read it, so
-they work while another process (a proxy, a client) writes it: they see
-the store as of their start.  ``import`` and ``compact`` change it, so they
-wait for or refuse a store another process holds open (``--lock-timeout``):
+``list``, ``stats``, ``export``, ``push`` and ``status`` only read it, so they
+work while another process (a proxy, a client) writes it: they see the store
+as of their start.  ``import`` and ``compact`` change it, so they wait for or
+refuse a store another process holds open (``--lock-timeout``):
 
 - ``list``: the shard keys (``--tenant`` filters);
 - ``stats``: per shard sequences, tokens, bytes, version and evictions;
