@@ -194,7 +194,7 @@ def _add_fleet(sub: Any) -> None:
     fl = sub.add_parser(
         "fleet",
         help="inspect the fleet's shard log on Redis",
-        description="Inspect a tenant's fleet log on Redis (agentspec._cli.fleet).",
+        description="Inspect a tenant's fleet log on Redis, and set the fleet up.",
     )
     cli_fleet.add_arguments(fl)
 

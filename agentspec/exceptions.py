@@ -21,6 +21,7 @@ class also derives from the builtin exception a Python user would expect, so
     ├── TreeClosedError (ValueError)          use of a closed tree or cursor
     ├── ShardNotFoundError (KeyError)         a ShardStore has no shard with that key
     ├── StoreLockedError (RuntimeError)       another ShardStore holds the directory
+    ├── StoreReadOnlyError (RuntimeError)     a write to a ShardStore opened read-only
     ├── StoreCorruptError (ValueError)        persisted shard data is damaged
     ├── PushError                             a push to a worker failed
     ├── TraceFormatError (ValueError)         a trace record or file is off the format
@@ -69,6 +70,7 @@ __all__ = [
     "ShardVersionError",
     "StoreCorruptError",
     "StoreLockedError",
+    "StoreReadOnlyError",
     "ThreadStartError",
     "TraceFormatError",
     "TreeClosedError",
@@ -162,6 +164,10 @@ class ShardNotFoundError(AgentSpecError, KeyError):
 
 class StoreLockedError(AgentSpecError, RuntimeError):
     """Another `ShardStore` (in this or another process) holds the directory's lock."""
+
+
+class StoreReadOnlyError(AgentSpecError, RuntimeError):
+    """A change was asked of a `ShardStore` opened with ``readonly=True``."""
 
 
 class StoreCorruptError(AgentSpecError, ValueError):

@@ -12,8 +12,8 @@ not stop at ``max_tokens``), how many outputs are well formed (Extract's
 JSON, SQL passing SQLite ``EXPLAIN``), then the overall wall-clock speedup
 (measured, never computed from step counts), and a legend of the columns.
 Writes ``report.json``, ``calls.jsonl`` and ``chart.png`` into ``--out``
-(default: `default_out_dir`, in the user's cache, not the working
-directory) and prints where.
+(default: ``demo`` in the agentspec cache, ``$AGENTSPEC_CACHE/demo`` or
+``~/.cache/agentspec/demo``, not the working directory) and prints where.
 
 Exit status: 0 when the outputs are identical, 1 when they differ or calls
 failed, 2 when the demo cannot run (bad arguments, no model, no pipeline).
@@ -94,8 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         metavar="DIR",
-        help="where report.json, calls.jsonl and chart.png go "
-        "(default: demo/ in the agentspec cache, ~/.cache/agentspec/demo)",
+        help=f"where report.json, calls.jsonl and chart.png go (default: {default_out_dir()})",
     )
     parser.add_argument(
         "--threads",

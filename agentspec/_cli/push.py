@@ -10,8 +10,8 @@
   ``missing`` (the worker lacks the shard), ``differs`` or ``worker-only``;
   exit status 1 unless everything is in sync.
 
-Both open the store directory, so they wait for (``--lock-timeout``) or
-fail on a process holding it.  The API key defaults to ``$AGENTSPEC_API_KEY``
+Both only read the store directory (`ShardStore` with ``readonly=True``),
+so they work while another process writes it.  The API key defaults to ``$AGENTSPEC_API_KEY``
 (the variable ``agentspec serve`` reads too), else ``$OPENAI_API_KEY``.
 """
 
@@ -72,12 +72,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-depth", type=int, default=64, help="tree depth of the store (default 64)"
     )
-    parser.add_argument(
-        "--lock-timeout",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="seconds to wait for another process holding the store (default 0)",
+    parser.add_argument(  # accepted as before; reading the store takes no lock
+        "--lock-timeout", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS
     )
 
 
@@ -104,13 +100,13 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def _open_store(args: argparse.Namespace) -> ShardStore:
-    """Open the existing store directory of the arguments."""
+    """Open the existing store directory of the arguments, read-only."""
     from agentspec._store.store import ShardStore
 
     path = Path(args.store)
     if not path.is_dir():
         raise FileNotFoundError(f"no shard store directory at {path}")
-    return ShardStore(path, max_depth=args.max_depth, lock_timeout=args.lock_timeout)
+    return ShardStore(path, max_depth=args.max_depth, readonly=True)
 
 
 def _key_text(key: ShardKey) -> str:

@@ -1,15 +1,19 @@
 """``agentspec shards``: inspect and maintain a client shard store directory.
 
-Every subcommand takes ``--store DIR`` (the directory of a `ShardStore`)
-and opens the store, so it waits for or refuses a store another process
-holds open (``--lock-timeout``):
+Every subcommand takes ``--store DIR`` (the directory of a `ShardStore`).
+``list``, ``stats``, ``export``, ``push`` and ``status`` only read it, so they
+work while another process (a proxy, a client) writes it: they see the store
+as of their start.  ``import`` and ``compact`` change it, so they wait for or
+refuse a store another process holds open (``--lock-timeout``):
 
 - ``list``: the shard keys (``--tenant`` filters);
 - ``stats``: per shard sequences, tokens, bytes, version and evictions;
 - ``export OUTPUT``: one shard's native snapshot (``.ashd``; ``-`` for stdout);
 - ``import INPUT``: native shard bytes (snapshot or delta; ``-`` for stdin)
   merged into a shard, or replacing it with ``--replace``;
-- ``compact``: write every shard's snapshot and empty the journals.
+- ``compact``: write every shard's snapshot and empty the journals;
+- ``push --endpoint URL``: send every shard to serving workers once;
+- ``status --endpoint URL``: compare each shard with the workers' copies.
 
 The shard of ``export`` / ``import`` is given by ``--tenant`` (default
 "default"), ``--pipeline`` and ``--stage`` (absent: untagged).  ``--json``
@@ -37,15 +41,17 @@ __all__ = ["add_arguments", "run_cli"]
 _COLUMNS = ("sequences", "tokens", "bytes", "version", "evicted")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    """Options every subcommand takes."""
+def _common(p: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """Options every subcommand takes (``--lock-timeout`` only matters to one that ``writes``)."""
     p.add_argument("--store", type=Path, required=True, metavar="DIR", help="store directory")
     p.add_argument(
         "--lock-timeout",
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="wait this long for another process holding the store (default 0: fail)",
+        help="wait this long for another process holding the store (default 0: fail)"
+        if writes
+        else argparse.SUPPRESS,  # accepted as before; reading takes no lock
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -84,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._SubParsersAction
         description="Merge native shard bytes (snapshot or delta) from INPUT (- for stdin) "
         "into a shard, or replace it with --replace.",
     )
-    _common(ip)
+    _common(ip, writes=True)
     _key_options(ip)
     ip.add_argument("input", help="input file (.ashd), or - for stdin")
     ip.add_argument("--replace", action="store_true", help="replace the shard's content")
@@ -93,18 +99,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._SubParsersAction
         help="snapshot every shard and empty the journals",
         description="Write every shard's snapshot (atomically) and empty the journals.",
     )
-    _common(cp)
+    _common(cp, writes=True)
     for p in (lp, sp, ep, ip, cp):
         p.set_defaults(func=run_cli)
     return sub
 
 
-def _open(args: argparse.Namespace, *, create: bool = False) -> ShardStore:
-    """Open the store named by ``--store`` (it must exist unless ``create``)."""
+def _open(args: argparse.Namespace, *, create: bool = False, readonly: bool = False) -> ShardStore:
+    """Open the store named by ``--store`` (it must exist unless ``create``).
+
+    ``readonly``: without the writer's lock (see `ShardStore`), so another
+    process may hold the store.
+    """
     from agentspec._store.store import ShardStore
 
     if not create and not (args.store / "shards").is_dir():
         raise FileNotFoundError(f"no shard store at {args.store}")
+    if readonly:
+        return ShardStore(args.store, readonly=True)
     return ShardStore(args.store, lock_timeout=args.lock_timeout)
 
 
@@ -141,7 +153,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError("a subcommand is needed: list, stats, export, import or compact")
     if command == "import":
         return _import(args)
-    with _open(args) as store:
+    with _open(args, readonly=command != "compact") as store:
         if command == "list":
             keys = store.keys(tenant=args.tenant)
             text = _table(("TENANT", "PIPELINE", "STAGE"), [_text_key(k) for k in keys])

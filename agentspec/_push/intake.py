@@ -11,7 +11,9 @@ under ``/v1/agentspec/`` to `ShardIntake.handle`, which returns a
 * a delta (``POST .../delta``) is applied in place with `SuffixTree.load`,
   which validates the bytes before changing anything (malformed bytes: 400,
   the shard is unchanged) and skips ids already present, so a retried delta
-  never counts a sequence twice.
+  never counts a sequence twice.  When readers are drafting from the tree
+  right then, the delta goes into a copy of it that is swapped in
+  atomically instead: a push never waits for generation.
 
 Shard bytes are checked before any tree is built: the fixed header first
 (`as_shard_peek`, O(1): a shard of another depth gets 409 whatever its
@@ -40,9 +42,9 @@ guards only the dictionaries.
 
 Consumers (the proposer) read trees with `tree` and learn about changes
 through `add_listener`.  A tree refuses a modification while another thread
-reads it (see `SuffixTree`); a delta therefore waits up to ``busy_timeout``
-seconds for readers to finish, then answers 503 (the pusher retries).
-Readers may likewise see RuntimeError while a delta is being applied.
+reads it (see `SuffixTree`); a delta that meets readers is therefore
+applied to a copy (above).  Readers may see RuntimeError while a delta is
+being applied in place.
 
 `serve_intake` runs an intake behind `agentspec._util.http_server`'s
 threaded server (tests, benchmarks, a standalone sidecar);
@@ -60,7 +62,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler
@@ -147,7 +148,8 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
         shm_dir: directory that ``snapshot-file`` paths must lie in (after
             resolving symlinks); only regular files are read.  None refuses
             every ``snapshot-file`` (403).
-        busy_timeout: seconds a delta waits for a tree's readers (then 503).
+        busy_timeout: seconds undoing a delta over the budget waits for the
+            tree's readers.
         vocab_size: the served model's vocabulary size, or None.  When set,
             a snapshot or delta holding a token id >= vocab_size is refused
             with 422 ``out_of_vocabulary`` and the shard is left unchanged.
@@ -402,7 +404,6 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
             )
         _, n_seq, n_rem = self._check_header(body)
         self._check_vocab(body)
-        deadline = time.monotonic() + self.busy_timeout
         with self._key_locks.hold(key):
             tree = self._trees.get(key)
             fresh = tree is None
@@ -412,35 +413,16 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
             if self.budgeted:
                 plan = _delta_plan(tree, body, n_seq, n_rem)
                 self._check_delta_floor(key, tree, plan, fresh)
-            while True:
+            try:
+                self._load_delta(tree, body)
+            except RuntimeError:  # readers are drafting from it: apply to a copy, swap it in
+                tree = SuffixTree.from_bytes(tree.to_bytes())  # reading beside readers is fine
                 try:
-                    tree.load(body)
-                    break
-                except DepthMismatchError as e:
-                    raise _RefusedError(
-                        self._error(409, str(e), ErrorType.DEPTH_MISMATCH)
-                    ) from None
-                except ShardFormatError as e:
-                    raise _RefusedError(self._format_error(e)) from None
-                except InvalidArgumentError as e:  # snapshot bytes into a non-empty tree
-                    raise _RefusedError(
-                        self._error(
-                            400,
-                            f"not a delta for an existing shard ({e}); PUT snapshots instead",
-                            ErrorType.SHARD_FORMAT,
-                        )
-                    ) from None
-                except RuntimeError:  # readers are drafting from this tree right now
-                    if time.monotonic() >= deadline:
-                        raise _RefusedError(
-                            self._error(
-                                503,
-                                "shard is busy with readers",
-                                ErrorType.BUSY,
-                                {"retry-after-ms": "20"},
-                            )
-                        ) from None
-                    time.sleep(0.001)
+                    self._load_delta(tree, body)
+                except BaseException:
+                    tree.close()
+                    raise
+                fresh = True  # nobody else holds the copy: over the budget, it is dropped
             if plan is not None:
                 self._fit_delta(key, tree, plan, fresh)
             info = _shard_info(key, tree)
@@ -451,6 +433,23 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
                 self._account(key, live_bytes(tree.stats()))
         self._notify(key, tree)
         return self._ok(info.to_json())
+
+    def _load_delta(self, tree: SuffixTree, body: bytes) -> None:
+        """`SuffixTree.load` a delta, its refusals as answers (RuntimeError: readers)."""
+        try:
+            tree.load(body)
+        except DepthMismatchError as e:
+            raise _RefusedError(self._error(409, str(e), ErrorType.DEPTH_MISMATCH)) from None
+        except ShardFormatError as e:
+            raise _RefusedError(self._format_error(e)) from None
+        except InvalidArgumentError as e:  # snapshot bytes into a non-empty tree
+            raise _RefusedError(
+                self._error(
+                    400,
+                    f"not a delta for an existing shard ({e}); PUT snapshots instead",
+                    ErrorType.SHARD_FORMAT,
+                )
+            ) from None
 
     def _snapshot_file(
         self, key: ShardKey, headers: Mapping[str, str], body: bytes

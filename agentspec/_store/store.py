@@ -36,7 +36,7 @@ from agentspec._store.journal import (
     encode_add,
     encode_add_id,
 )
-from agentspec._store.load import open_shards
+from agentspec._store.load import open_shards, read_shards
 from agentspec._store.lock import DirLock, StoreLockedError
 from agentspec._store.outbox_source import StoreOutboxSource
 from agentspec._store.shard import Shard, ShardStats, oldest_shard
@@ -46,6 +46,7 @@ from agentspec.exceptions import (
     CapacityError,
     InvalidArgumentError,
     ShardNotFoundError,
+    StoreReadOnlyError,
     TreeClosedError,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "ShardStore",
     "StoreCorruptError",
     "StoreLockedError",
+    "StoreReadOnlyError",
     "check_key",
 ]
 
@@ -157,6 +159,15 @@ class ShardStore:
     after a reconnect, a Redis restart, or when the store opens again
     (docs/fleet.md, "The store as outbox").  Only sequences learned while a
     fleet is configured are published.
+
+    Read-only: with ``readonly=True`` the store reads an existing directory
+    as it is now, without its lock, so it opens while another process
+    writes it (``agentspec shards stats`` next to a running proxy): each
+    shard is its snapshot plus the complete, checksummed records of its
+    journal.  It never writes, truncates or quarantines anything; damaged
+    shards are skipped and listed in `quarantined`; it does not follow later
+    changes (open it again for those).  `learn`, `import_shard`, `drop` and
+    `compact` raise `StoreReadOnlyError`; there is no fleet.
     """
 
     #: Changes kept per shard for `delta_since`.
@@ -172,16 +183,24 @@ class ShardStore:
         snapshot_every: int = 4096,
         lock_timeout: float = 0.0,
         redis: str | FleetOptions | Literal[False] | None = None,
+        readonly: bool = False,
     ) -> None:
         """Open (or create) a store; see the class doc.
 
         Raises:
             StoreLockedError: another store holds the directory.
             InvalidArgumentError, TypeError: a bad parameter (or ``redis``
-                without the redis package installed).
+                without the redis package installed; ``readonly`` without a
+                path, or with ``redis``).
+            FileNotFoundError: ``readonly`` and no store at ``path``.
             OSError: the directory cannot be created or read.
         """
-        fleet = fleet_options(redis)
+        self._readonly = bool(readonly)
+        if self._readonly and path is None:
+            raise InvalidArgumentError("a read-only ShardStore needs a path")
+        if self._readonly and redis not in (None, False):
+            raise InvalidArgumentError("a read-only ShardStore publishes nothing: drop redis=")
+        fleet = None if self._readonly else fleet_options(redis)
         self._max_bytes = (
             None
             if max_bytes is None
@@ -222,6 +241,10 @@ class ShardStore:
         """Lock the directory, recover its shards, enforce the budget, repair files."""
         root = self._root
         assert root is not None
+        if self._readonly:  # no lock, no repair: see the class doc
+            self._shards, self._clock, self.quarantined = read_shards(root)
+            self._live_total = sum(s.live_bytes for s in self._shards.values())
+            return
         if not root.is_dir():
             root.parent.mkdir(parents=True, exist_ok=True)
             make_dir(root)
@@ -247,6 +270,14 @@ class ShardStore:
         """Refuse use after `close`."""
         if self._closed:
             raise TreeClosedError("the shard store is closed")
+
+    def _check_writable(self) -> None:
+        """Refuse a change of a read-only store."""
+        if self._readonly:
+            raise StoreReadOnlyError(
+                f"shard store {self._root} is open read-only; open it without readonly=True "
+                "(which waits for or refuses another writer) to change it"
+            )
 
     def _get(self, key: object) -> Shard:
         """The shard of a key (validated), or ShardNotFoundError."""
@@ -335,6 +366,7 @@ class ShardStore:
             TypeError, InvalidTokenError: bad tokens (nothing changes).
             OSError: the journal could not be written (nothing changes).
         """
+        self._check_writable()
         k = check_key(key)
         ident = None if identity is None else check_identity(identity)
         _, n, buf = as_int32_buffer(tokens)
@@ -400,6 +432,11 @@ class ShardStore:
     def path(self) -> Path | None:
         """The store's directory (None in memory-only mode)."""
         return self._root
+
+    @property
+    def readonly(self) -> bool:
+        """True for a store opened with ``readonly=True``."""
+        return self._readonly
 
     def tree(self, key: ShardKey) -> SuffixTree | None:
         """The live tree of a shard (None when absent); callers only read it."""
@@ -477,6 +514,7 @@ class ShardStore:
             ShardFormatError (or a subclass, e.g. DepthMismatchError when
             merging a different depth): bad bytes; nothing changes.
         """
+        self._check_writable()
         k = check_key(key)
         raw = bytes(data)
         with self._lock:
@@ -514,6 +552,7 @@ class ShardStore:
         Raises:
             ShardNotFoundError: no such shard.
         """
+        self._check_writable()
         with self._lock:
             shard = self._get(key)
             if shard.directory is not None:
@@ -530,6 +569,7 @@ class ShardStore:
 
         A no-op in memory-only mode.
         """
+        self._check_writable()
         with self._lock:
             self._check_open()
             for shard in self._shards.values():
@@ -607,5 +647,7 @@ class ShardStore:
     def __repr__(self) -> str:
         """Short description: where, and how many shards."""
         where = "memory" if self._root is None else str(self._root)
+        if self._readonly:
+            where += " read-only"
         state = "closed" if self._closed else f"shards={len(self._shards)}"
         return f"<ShardStore {where} {state}>"

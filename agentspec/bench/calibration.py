@@ -3,8 +3,8 @@
 Each trace is replayed as in ``agentspec bench replay`` (stage shards,
 online learning, a simulated greedy verifier).  For every verified draft
 token (a token whose whole prefix was accepted) it records the token's
-estimated conditional probability (from the tree's counts, see
-`agentspec._core.calibration.conditional_probs`) and whether it was accepted.
+estimated conditional probability (from the tree's counts: its path
+probability over its parent's) and whether it was accepted.
 
 It reports, per trace:
 

@@ -156,7 +156,7 @@ def test_errors(store, tmp_path, capsys):
     assert "agentspec: error:" in err
     with ShardStore(store) as st:
         assert content(st.tree(D)) == {1: [9]}
-        rc, _, err = run(capsys, "stats", "--store", str(store))
+        rc, _, err = run(capsys, "compact", "--store", str(store))
         assert rc == 1
         assert "in use by another ShardStore" in err
 

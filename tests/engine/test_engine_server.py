@@ -351,6 +351,40 @@ def test_pushed_shard_is_listed_and_drafted_from(server, client) -> None:
     assert r["agentspec"]["accepted"] >= len(out) // 2
 
 
+def test_a_push_answers_while_a_generation_runs(server, client) -> None:
+    key = ("default", "busy-pipe", "busy-stage")
+    store = ShardStore()
+    pusher = ShardPusher(store, [server.url])
+    try:
+        store.learn(key, list(range(1000, 1040)))
+        assert pusher.flush(30)  # the generation below drafts from this shard every step
+        stream = client.completions.create(
+            model="smollm2-135m",
+            prompt=TEXT_PROMPTS[0],
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={
+                "ignore_eos": True,
+                "vllm_xargs": {"agentspec_pipeline": "busy-pipe", "agentspec_stage": "busy-stage"},
+            },
+        )
+        chunks = iter(stream)
+        while not next(chunks).model_dump()["choices"][0]["text"]:
+            pass  # the generation is running
+        for i in range(3):  # deltas into the shard being drafted from
+            store.learn(key, [2000 + i, 2001 + i, 7])
+            assert pusher.flush(30)
+        # ... answered while it still runs: it yields more tokens after them
+        assert next(chunks).model_dump()["choices"][0]["finish_reason"] is None
+        stream.close()
+    finally:
+        pusher.close()
+        store.close()
+    (listed,) = [s for s in server.intake.shards() if s.key == key]
+    assert listed.sequences == 4
+
+
 # --- errors, auth, disconnects ------------------------------------------------------
 
 

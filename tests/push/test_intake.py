@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agentspec import SuffixTree
+from agentspec._core.budget import MIN_TOKEN_BYTES
 from agentspec._push.intake import ShardIntake, serve_intake
 from agentspec._push.wire import (
     DELTA_PATH,
@@ -271,24 +272,54 @@ def test_bad_query_and_content_type():
     assert ("default", None, "S") in set(intake.keys())
 
 
-def test_busy_tree_answers_503_then_applies():
+def test_delta_beside_readers_goes_into_a_copy_swapped_in():
     intake = ShardIntake(busy_timeout=0.02)
     src = source_tree(2)
     assert put(intake, src.to_bytes()).status == 200
     tree = intake.tree(KEY)
+    seen = []
+    intake.add_listener(lambda key, t: seen.append(t))
     src.add(3, [3])
     delta = src.delta_bytes([3])
     tree._readers.append(None)  # a reader is drafting from the tree right now
     try:
-        r = post_delta(intake, delta)
+        r = post_delta(intake, delta)  # answered at once: no wait for the reader
+        assert r.status == 200
+        assert json.loads(r.body)["sequences"] == 3
+        assert tree.sequence_ids() == [1, 2]  # the reader's tree is left as it was
     finally:
         tree._readers.pop()
-    assert r.status == 503
-    assert err_type(r) == "busy"
-    assert float(r.headers["retry-after-ms"]) > 0
+    new = intake.tree(KEY)
+    assert new is not tree
+    assert seen == [new]
+    assert {s: new.sequence(s) for s in new.sequence_ids()} == {
+        s: src.sequence(s) for s in src.sequence_ids()
+    }
+    assert post_delta(intake, delta).status == 200  # idempotent, now in place
+    assert intake.tree(KEY) is new
+    assert new.sequence_ids() == [1, 2, 3]
+    (listed,) = intake.shards()
+    assert (listed.sequences, listed.max_seq) == (3, 3)
+
+
+def test_delta_beside_readers_over_the_budget_leaves_the_shard():
+    src = source_tree(2)
+    intake = ShardIntake(max_bytes=None, max_tenant_bytes=None)
+    assert put(intake, src.to_bytes()).status == 200
+    size = intake.held_bytes()
+    # room for the delta's lower bound (so it is applied), not for its exact size
+    tight = ShardIntake(max_bytes=size + MIN_TOKEN_BYTES * 499 + 8, max_tenant_bytes=None)
+    assert put(tight, src.to_bytes()).status == 200
+    tree = tight.tree(KEY)
+    src.add(3, list(range(1, 500)))
+    tree._readers.append(None)
+    try:
+        r = post_delta(tight, src.delta_bytes([3]))
+    finally:
+        tree._readers.pop()
+    assert r.status == 507
+    assert tight.tree(KEY) is tree
     assert tree.sequence_ids() == [1, 2]
-    assert post_delta(intake, delta).status == 200
-    assert tree.sequence_ids() == [1, 2, 3]
 
 
 # --- snapshot files ---------------------------------------------------------
