@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import monotonic
 from types import TracebackType
@@ -58,9 +59,20 @@ from agentspec._client.outputs import Api, text_encoder
 from agentspec._client.stream import tee_async_stream, tee_stream
 from agentspec._client.tags import Tags, TagScope, resolve
 from agentspec._client.trace import TraceSessions
+from agentspec._util import live_metrics
 from agentspec._util.keys import client_api_key
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.metrics import (
+    CLIENT_CALLS_TOTAL,
+    CLIENT_LEARN_QUEUE_DEPTH,
+    CLIENT_LEARNED_SEQUENCES_TOTAL,
+    CLIENT_PUBLISH_BACKLOG,
+    CLIENT_PUBLISH_FAILURES_TOTAL,
+    CLIENT_PUSH_BACKLOG,
+    CLIENT_PUSH_FAILURES_TOTAL,
+    key_labels,
+)
 from agentspec.protocol import (
     DEFAULT_TENANT,
     HEADER_PIPELINE,
@@ -115,6 +127,9 @@ class _Core:
     """What a client and its ``with_options`` copies share: tenant, options, recorder."""
 
     __slots__ = (
+        "__weakref__",
+        "calls",
+        "calls_lock",
         "fleet",
         "owns_store",
         "pusher",
@@ -157,6 +172,15 @@ class _Core:
             self.pusher = ShardPusher(
                 store, options.push_to, api_key=client_api_key(options.push_api_key)
             )
+        self.calls: dict[tuple[str | None, str | None], int] = {}  # by (pipeline, stage)
+        self.calls_lock = threading.Lock()
+        live_metrics.track(self, _metric_samples)
+
+    def count_call(self, tags: Tags) -> None:
+        """Count one call under its ``(pipeline, stage)`` (for ``agentspec_client_calls_total``)."""
+        key = (tags.pipeline, tags.stage)
+        with self.calls_lock:
+            self.calls[key] = self.calls.get(key, 0) + 1
 
     # -- the request side
 
@@ -296,6 +320,7 @@ class _Core:
                 if not pushed:
                     self._warn_unpushed(timeout)
                 done = done and pushed
+            live_metrics.retire(self)  # its counters stay counted
         finally:
             try:
                 if self.pusher is not None:
@@ -323,6 +348,43 @@ class _Core:
             hint="the shards stay in the store: flush() longer before close(), or push the "
             "store again later (agentspec shards push)",
         )
+
+
+def _metric_samples(core: _Core) -> Iterator[live_metrics.Sample]:
+    """A client's ``agentspec_client_*`` rows for the default registry (`live_metrics`).
+
+    The publish rows come from the client's store, counted once however many
+    clients share it.
+    """
+    tenant = core.tenant
+    with core.calls_lock:
+        calls = list(core.calls.items())
+    for (pipeline, stage), n in calls:
+        yield (CLIENT_CALLS_TOTAL, key_labels(tenant, pipeline, stage), n)
+    for (pipeline, stage), n in core.recorder.learned_by_key().items():
+        yield (CLIENT_LEARNED_SEQUENCES_TOTAL, key_labels(tenant, pipeline, stage), n)
+    yield (CLIENT_LEARN_QUEUE_DEPTH, (), core.recorder.stats().pending)
+    backlog = failures = 0
+    if core.pusher is not None and not core.pusher.closed:
+        for st in core.pusher.status().values():
+            backlog += len(st.pending)
+            failures += st.errors
+    yield (CLIENT_PUSH_BACKLOG, (), backlog)
+    yield (CLIENT_PUSH_FAILURES_TOTAL, (), failures)
+    outbox = core.store.fleet
+    if outbox is not None:
+        ost = outbox.stats()
+        token = id(core.store)
+        yield (CLIENT_PUBLISH_BACKLOG, (), ost.pending, token)
+        yield (
+            CLIENT_PUBLISH_FAILURES_TOTAL,
+            (),
+            ost.publisher.failures + ost.publisher.rejected,
+            token,
+        )
+    else:
+        yield (CLIENT_PUBLISH_BACKLOG, (), 0)
+        yield (CLIENT_PUBLISH_FAILURES_TOTAL, (), 0)
 
 
 # --- resource wrappers ------------------------------------------------------------------
@@ -366,6 +428,7 @@ class _Resource:
     def _call(self, method: str, kwargs: dict[str, Any], streamed: bool) -> Any:
         core = self._core
         tags, request, rid = core.prepare(self._api, kwargs)
+        core.count_call(tags)
         span = self._span(tags, kwargs) if otel.ENABLED else None
         if span is None:
             result = getattr(self._target, method)(**kwargs)
@@ -426,6 +489,7 @@ class _AsyncResource(_Resource):
     async def _acall(self, method: str, kwargs: dict[str, Any], streamed: bool) -> Any:
         core = self._core
         tags, request, rid = core.prepare(self._api, kwargs)
+        core.count_call(tags)
         span = self._span(tags, kwargs) if otel.ENABLED else None
         if span is None:
             result = await getattr(self._target, method)(**kwargs)
