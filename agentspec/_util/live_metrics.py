@@ -138,11 +138,11 @@ class LiveMetrics(m.MetricsCollector):
         totals: dict[tuple[str, tuple[str, ...]], float] = {}
         seen: set[tuple[str, tuple[str, ...], object]] = set()
         for obj, samples in sources:
+            rows: list[Sample] = []
             try:
-                rows = list(samples(obj))
+                rows.extend(samples(obj))
             except Exception as exc:  # one broken object must not fail the scrape
                 _log.debug("agentspec_metrics_source_failed", error=repr(exc))
-                continue
             for sample in rows:
                 name, labels, value = sample[0], sample[1], sample[2]
                 if len(sample) > 3:

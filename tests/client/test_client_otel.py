@@ -295,9 +295,13 @@ def test_async_calls_plain_stream_and_error(server, store, spans):
             assert "".join(t or "" for t in texts) == "SELECT 1;"
             with pytest.raises(openai.BadRequestError):
                 await client.chat.completions.create(**chat_args(), stage="E")
+            raw = await client.chat.completions.with_raw_response.create(**chat_args(), stage="A")
+            assert raw.parse().choices[0].message.content == "SELECT 1;"
             return spans.get_finished_spans()
 
-    plain, streamed, failed = asyncio.run(main())
+    plain, streamed, failed, raw = asyncio.run(main())
+    check_common(raw, server)
+    check_engine_reply(raw)
     for span in (plain, streamed):
         check_common(span, server)
         check_engine_reply(span)
