@@ -113,13 +113,17 @@ class LiveMetrics(m.MetricsCollector):
             self.register(REGISTRY)
 
     def retire(self, obj: object) -> None:
-        """Stop asking ``obj``; keep its counters' last values counted (call it at close)."""
+        """Stop asking ``obj``; keep its counters' last values counted (call it at close).
+
+        Samples with a dedupe token are not kept: they belong to a shared object
+        (a store) that other live objects may go on reporting.
+        """
         with self._lock:
             entry = self._sources.get(id(obj))
             if entry is None or entry[0]() is not obj:
                 return
             del self._sources[id(obj)]
-        totals = self._sum([(obj, entry[1])])
+        totals = self._sum([(obj, entry[1])], shared=False)
         with self._lock:
             for (name, labels), value in totals.items():
                 if FAMILIES[name].counter:
@@ -134,7 +138,10 @@ class LiveMetrics(m.MetricsCollector):
         with self._lock:
             return list(self._caps.values())
 
-    def _sum(self, sources: list[tuple[Any, Samples]]) -> dict[tuple[str, tuple[str, ...]], float]:
+    def _sum(
+        self, sources: list[tuple[Any, Samples]], *, shared: bool = True
+    ) -> dict[tuple[str, tuple[str, ...]], float]:
+        """Sum the sources' samples; ``shared=False`` leaves out the ones with a token."""
         totals: dict[tuple[str, tuple[str, ...]], float] = {}
         seen: set[tuple[str, tuple[str, ...], object]] = set()
         for obj, samples in sources:
@@ -146,6 +153,8 @@ class LiveMetrics(m.MetricsCollector):
             for sample in rows:
                 name, labels, value = sample[0], sample[1], sample[2]
                 if len(sample) > 3:
+                    if not shared:  # another live object may report the same thing
+                        continue
                     token = (name, labels, sample[3])
                     if token in seen:
                         continue
