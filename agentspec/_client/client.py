@@ -27,6 +27,9 @@ as ``client=``) and changes three things about model calls
   that identity, so a vLLM worker (or the embedded engine) that publishes
   the same output under the same identity adds nothing twice
   (docs/fleet.md, "Identities").
+- **Spans** (with ``opentelemetry-api`` installed and a tracer provider set
+  by the application): one GenAI-convention span per call, tags included
+  (`agentspec._client.otel`).
 
 Results are the openai objects themselves: a streamed call returns the real
 ``openai.Stream`` / ``AsyncStream`` (its iterator is teed).  Everything else
@@ -40,8 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import monotonic
 from types import TracebackType
@@ -49,14 +53,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 
+from agentspec._client import otel
 from agentspec._client.learn import Finished, Recorder, RecorderStats
 from agentspec._client.outputs import Api, text_encoder
 from agentspec._client.stream import tee_async_stream, tee_stream
 from agentspec._client.tags import Tags, TagScope, resolve
 from agentspec._client.trace import TraceSessions
+from agentspec._util import live_metrics
 from agentspec._util.keys import client_api_key
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.metrics import (
+    CLIENT_CALLS_TOTAL,
+    CLIENT_LEARN_QUEUE_DEPTH,
+    CLIENT_LEARNED_SEQUENCES_TOTAL,
+    CLIENT_PUBLISH_BACKLOG,
+    CLIENT_PUBLISH_FAILURES_TOTAL,
+    CLIENT_PUSH_BACKLOG,
+    CLIENT_PUSH_FAILURES_TOTAL,
+    key_labels,
+)
 from agentspec.protocol import (
     DEFAULT_TENANT,
     HEADER_PIPELINE,
@@ -111,6 +127,9 @@ class _Core:
     """What a client and its ``with_options`` copies share: tenant, options, recorder."""
 
     __slots__ = (
+        "__weakref__",
+        "calls",
+        "calls_lock",
         "fleet",
         "owns_store",
         "pusher",
@@ -153,6 +172,15 @@ class _Core:
             self.pusher = ShardPusher(
                 store, options.push_to, api_key=client_api_key(options.push_api_key)
             )
+        self.calls: dict[tuple[str | None, str | None], int] = {}  # by (pipeline, stage)
+        self.calls_lock = threading.Lock()
+        live_metrics.track(self, _metric_samples)
+
+    def count_call(self, tags: Tags) -> None:
+        """Count one call under its ``(pipeline, stage)`` (for ``agentspec_client_calls_total``)."""
+        key = (tags.pipeline, tags.stage)
+        with self.calls_lock:
+            self.calls[key] = self.calls.get(key, 0) + 1
 
     # -- the request side
 
@@ -235,24 +263,38 @@ class _Core:
         streamed: bool,
         is_async: bool,
         request_id: str | None = None,
+        span: otel.CallSpan | None = None,
     ) -> Any:
-        """Hand ``result`` to the recorder (now, or when its stream ends); return it."""
+        """Hand ``result`` to the recorder (now, or when its stream ends); return it.
+
+        ``span`` (the call's OpenTelemetry span) is ended now, or when the stream ends.
+        """
         recorder = self.recorder
         if raw and streamed:
             stream = result.parse()  # cached: the caller's parse() gets this same stream
         elif isinstance(result, (openai.Stream, openai.AsyncStream)):
             stream = result
         else:
+            if span is not None:
+                otel.end_result(span, api, result, raw)
             recorder.submit(Finished(api, tags, result, False, request, request_id))
             return result
 
         def done(items: list[Any]) -> None:
             recorder.submit(Finished(api, tags, items, True, request, request_id))
 
+        on_exit: Callable[[list[Any], BaseException | None], object] | None = None
+        if span is not None:
+            call_span = span
+
+            def on_exit(items: list[Any], error: BaseException | None) -> None:
+                otel.end_stream(call_span, api, items, error)
+
+            otel.end_when_dropped(stream, span)
         if is_async:
-            tee_async_stream(stream, done)
+            tee_async_stream(stream, done, on_exit)
         else:
-            tee_stream(stream, done)
+            tee_stream(stream, done, on_exit)
         return result
 
     def flush(self, timeout: float | None) -> bool:
@@ -278,6 +320,7 @@ class _Core:
                 if not pushed:
                     self._warn_unpushed(timeout)
                 done = done and pushed
+            live_metrics.retire(self)  # its counters stay counted
         finally:
             try:
                 if self.pusher is not None:
@@ -307,51 +350,114 @@ class _Core:
         )
 
 
+def _metric_samples(core: _Core) -> Iterator[live_metrics.Sample]:
+    """A client's ``agentspec_client_*`` rows for the default registry (`live_metrics`).
+
+    The publish rows come from the client's store, counted once however many
+    clients share it.
+    """
+    tenant = core.tenant
+    with core.calls_lock:
+        calls = list(core.calls.items())
+    for (pipeline, stage), n in calls:
+        yield (CLIENT_CALLS_TOTAL, key_labels(tenant, pipeline, stage), n)
+    for (pipeline, stage), n in core.recorder.learned_by_key().items():
+        yield (CLIENT_LEARNED_SEQUENCES_TOTAL, key_labels(tenant, pipeline, stage), n)
+    yield (CLIENT_LEARN_QUEUE_DEPTH, (), core.recorder.stats().pending)
+    backlog = failures = 0
+    if core.pusher is not None and not core.pusher.closed:
+        for st in core.pusher.status().values():
+            backlog += len(st.pending)
+            failures += st.errors
+    yield (CLIENT_PUSH_BACKLOG, (), backlog)
+    yield (CLIENT_PUSH_FAILURES_TOTAL, (), failures)
+    outbox = core.store.fleet
+    if outbox is not None:
+        ost = outbox.stats()
+        token = id(core.store)
+        yield (CLIENT_PUBLISH_BACKLOG, (), ost.pending, token)
+        yield (
+            CLIENT_PUBLISH_FAILURES_TOTAL,
+            (),
+            ost.publisher.failures + ost.publisher.rejected,
+            token,
+        )
+    else:
+        yield (CLIENT_PUBLISH_BACKLOG, (), 0)
+        yield (CLIENT_PUBLISH_FAILURES_TOTAL, (), 0)
+
+
 # --- resource wrappers ------------------------------------------------------------------
+
+
+def _server_of(client: Any) -> tuple[str | None, int | None]:
+    """``(host, port)`` of an openai client's base URL, for spans."""
+    url = getattr(client, "base_url", None)
+    host = getattr(url, "host", None)
+    port = getattr(url, "port", None)
+    if port is None and host:
+        port = 443 if getattr(url, "scheme", None) == "https" else 80
+    return (host if isinstance(host, str) else None, port if isinstance(port, int) else None)
 
 
 class _Resource:
     """A wrapped model-call resource (``chat.completions``, ``completions``, ``responses``)."""
 
-    __slots__ = ("_api", "_core", "_raw", "_target")
+    __slots__ = ("_api", "_core", "_raw", "_server", "_target")
 
-    def __init__(self, core: _Core, target: Any, api: Api, *, raw: bool = False) -> None:
+    def __init__(
+        self,
+        core: _Core,
+        target: Any,
+        api: Api,
+        *,
+        raw: bool = False,
+        server: tuple[str | None, int | None] = (None, None),
+    ) -> None:
         self._core = core
         self._target = target
         self._api = api
         self._raw = raw
+        self._server = server
+
+    def _span(self, tags: Tags, kwargs: dict[str, Any]) -> otel.CallSpan | None:
+        return otel.start_span(
+            self._api, kwargs.get("model"), tags, self._core.tenant, self._server
+        )
+
+    def _call(self, method: str, kwargs: dict[str, Any], streamed: bool) -> Any:
+        core = self._core
+        tags, request, rid = core.prepare(self._api, kwargs)
+        core.count_call(tags)
+        span = self._span(tags, kwargs) if otel.ENABLED else None
+        if span is None:
+            result = getattr(self._target, method)(**kwargs)
+        else:
+            with otel.use(span):
+                try:
+                    result = getattr(self._target, method)(**kwargs)
+                except BaseException as exc:
+                    otel.end_error(span, exc)
+                    raise
+        return core.finish(
+            self._api,
+            tags,
+            request,
+            result,
+            raw=self._raw,
+            streamed=streamed and bool(kwargs.get("stream")),
+            is_async=False,
+            request_id=rid,
+            span=span,
+        )
 
     def create(self, **kwargs: Any) -> Any:
         """The openai ``create``, tagged and learned; also takes ``session=/stage=/pipeline=``."""
-        core = self._core
-        tags, request, rid = core.prepare(self._api, kwargs)
-        result = self._target.create(**kwargs)
-        return core.finish(
-            self._api,
-            tags,
-            request,
-            result,
-            raw=self._raw,
-            streamed=bool(kwargs.get("stream")),
-            is_async=False,
-            request_id=rid,
-        )
+        return self._call("create", kwargs, True)
 
     def parse(self, **kwargs: Any) -> Any:
         """The openai ``parse`` (structured outputs), tagged and learned."""
-        core = self._core
-        tags, request, rid = core.prepare(self._api, kwargs)
-        result = self._target.parse(**kwargs)
-        return core.finish(
-            self._api,
-            tags,
-            request,
-            result,
-            raw=self._raw,
-            streamed=False,
-            is_async=False,
-            request_id=rid,
-        )
+        return self._call("parse", kwargs, False)
 
     def stream(self, **kwargs: Any) -> Any:
         """The openai ``stream`` helper, tagged (its output is not learned)."""
@@ -361,7 +467,9 @@ class _Resource:
     @property
     def with_raw_response(self) -> _Resource:
         """The same resource returning openai's raw responses."""
-        return type(self)(self._core, self._target.with_raw_response, self._api, raw=True)
+        return type(self)(
+            self._core, self._target.with_raw_response, self._api, raw=True, server=self._server
+        )
 
     @property
     def with_streaming_response(self) -> _TaggedOnly:
@@ -378,37 +486,39 @@ class _AsyncResource(_Resource):
 
     __slots__ = ()
 
-    async def create(self, **kwargs: Any) -> Any:
-        """The openai ``create``, tagged and learned; also takes ``session=/stage=/pipeline=``."""
+    async def _acall(self, method: str, kwargs: dict[str, Any], streamed: bool) -> Any:
         core = self._core
         tags, request, rid = core.prepare(self._api, kwargs)
-        result = await self._target.create(**kwargs)
+        core.count_call(tags)
+        span = self._span(tags, kwargs) if otel.ENABLED else None
+        if span is None:
+            result = await getattr(self._target, method)(**kwargs)
+        else:
+            with otel.use(span):
+                try:
+                    result = await getattr(self._target, method)(**kwargs)
+                except BaseException as exc:
+                    otel.end_error(span, exc)
+                    raise
         return core.finish(
             self._api,
             tags,
             request,
             result,
             raw=self._raw,
-            streamed=bool(kwargs.get("stream")),
+            streamed=streamed and bool(kwargs.get("stream")),
             is_async=True,
             request_id=rid,
+            span=span,
         )
+
+    async def create(self, **kwargs: Any) -> Any:
+        """The openai ``create``, tagged and learned; also takes ``session=/stage=/pipeline=``."""
+        return await self._acall("create", kwargs, True)
 
     async def parse(self, **kwargs: Any) -> Any:
         """The openai ``parse`` (structured outputs), tagged and learned."""
-        core = self._core
-        tags, request, rid = core.prepare(self._api, kwargs)
-        result = await self._target.parse(**kwargs)
-        return core.finish(
-            self._api,
-            tags,
-            request,
-            result,
-            raw=self._raw,
-            streamed=False,
-            is_async=True,
-            request_id=rid,
-        )
+        return await self._acall("parse", kwargs, False)
 
 
 class _TaggedOnly:
@@ -508,9 +618,10 @@ class _Base:
         self._core = core
         self._client = client
         cls = self._resource_cls
-        self.chat = _Chat(client.chat, cls(core, client.chat.completions, "chat"))
-        self.completions = cls(core, client.completions, "completions")
-        self.responses = cls(core, client.responses, "responses")
+        server = _server_of(client)
+        self.chat = _Chat(client.chat, cls(core, client.chat.completions, "chat", server=server))
+        self.completions = cls(core, client.completions, "completions", server=server)
+        self.responses = cls(core, client.responses, "responses", server=server)
 
     @property
     def openai_client(self) -> Any:
@@ -571,8 +682,11 @@ class _Base:
     @property
     def with_raw_response(self) -> _View:
         """openai's ``client.with_raw_response``, with model calls tagged and learned."""
-        core, cls = self._core, self._resource_cls
-        return _View(self._client.with_raw_response, lambda r, api: cls(core, r, api, raw=True))
+        core, cls, server = self._core, self._resource_cls, _server_of(self._client)
+        return _View(
+            self._client.with_raw_response,
+            lambda r, api: cls(core, r, api, raw=True, server=server),
+        )
 
     @property
     def with_streaming_response(self) -> _View:

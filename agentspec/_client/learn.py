@@ -121,6 +121,7 @@ class Recorder:
         self._closed = False
         self._submitted = self._learned = self._unlearned = 0
         self._dropped = self._failed = 0
+        self._learned_by: dict[tuple[str | None, str | None], int] = {}
         self._warned_no_tokens = False
 
     # -- caller side
@@ -212,6 +213,11 @@ class Recorder:
                 pending=len(self._queue) + self._busy,
             )
 
+    def learned_by_key(self) -> dict[tuple[str | None, str | None], int]:
+        """Sequences learned so far per ``(pipeline, stage)`` (the tenant is the recorder's)."""
+        with self._cond:
+            return dict(self._learned_by)
+
     # -- worker side
 
     def _start(self) -> None:
@@ -277,6 +283,8 @@ class Recorder:
                 self.store.learn(key, ids, identity=item.request_id)
                 with self._cond:
                     self._learned += 1
+                    by = self._learned_by
+                    by[key[1:]] = by.get(key[1:], 0) + 1
                 continue
             with self._cond:
                 self._unlearned += 1

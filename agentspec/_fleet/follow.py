@@ -40,6 +40,7 @@ from agentspec._fleet.connection import Redactor, open_client, retry_until_stopp
 from agentspec._fleet.ids import format_id
 from agentspec._fleet.stats import SubscriberStats
 from agentspec._fleet.sub import FleetSubscriber
+from agentspec._util import live_metrics
 from agentspec.exceptions import InvalidArgumentError
 
 __all__ = ["FleetFollower"]
@@ -150,6 +151,7 @@ class FleetFollower:
             self._thread.join(timeout)
         for member in self._members.values():
             member._changed_now(_connected=False)
+            live_metrics.retire(member)
 
     def __enter__(self) -> FleetFollower:
         """Use in a ``with`` block; closed on exit."""

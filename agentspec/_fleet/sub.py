@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -66,8 +66,19 @@ from agentspec._fleet.load import load_snapshots
 from agentspec._fleet.names import FleetKeys, shard_name
 from agentspec._fleet.shard import FleetShard
 from agentspec._fleet.stats import FleetShardStats, SubscriberStats
+from agentspec._util import live_metrics
 from agentspec._util.log import get_logger
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.metrics import (
+    FLEET_APPLIED_TOTAL,
+    FLEET_COMPACTIONS_TOTAL,
+    FLEET_MALFORMED_TOTAL,
+    FLEET_RECONNECTS_TOTAL,
+    SHARD_EVICTIONS_TOTAL,
+    SHARD_TOKENS,
+    SHARDS,
+    key_labels,
+)
 
 __all__ = ["FleetSubscriber"]
 
@@ -185,6 +196,7 @@ class FleetSubscriber:
         self._thread = threading.Thread(
             target=self._run, name=f"agentspec-fleet-sub-{self._keys.tenant[:32]}", daemon=True
         )
+        live_metrics.track(self, _metric_samples)
         if start:
             self.start()
 
@@ -307,6 +319,7 @@ class FleetSubscriber:
         self._unpaused.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        live_metrics.retire(self)
 
     def __enter__(self) -> FleetSubscriber:
         """Use in a ``with`` block; closed on exit."""
@@ -709,3 +722,16 @@ class FleetSubscriber:
                 self._last_compaction = result
             self._compact_wanted.clear()
             self._changed.notify_all()
+
+
+def _metric_samples(sub: FleetSubscriber) -> Iterator[live_metrics.Sample]:
+    """The subscriber's fleet and shard rows for the default registry (`live_metrics`)."""
+    st = sub.stats()
+    yield (FLEET_APPLIED_TOTAL, (), st.applied)
+    yield (FLEET_MALFORMED_TOTAL, (), st.malformed)
+    yield (FLEET_RECONNECTS_TOTAL, (), st.reconnects)
+    yield (FLEET_COMPACTIONS_TOTAL, (), st.compactions)
+    yield (SHARDS, ("fleet",), len(st.shards))
+    for key, shard in st.shards.items():
+        yield (SHARD_TOKENS, ("fleet", *key_labels(*key)), shard.tokens)
+    yield (SHARD_EVICTIONS_TOTAL, ("fleet",), sum(sh.evicted for sh in st.shards.values()))

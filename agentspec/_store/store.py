@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -40,6 +40,7 @@ from agentspec._store.load import open_shards, read_shards
 from agentspec._store.lock import DirLock, StoreLockedError
 from agentspec._store.outbox_source import StoreOutboxSource
 from agentspec._store.shard import Shard, ShardStats, oldest_shard
+from agentspec._util import live_metrics
 from agentspec._util.args import as_int
 from agentspec._util.log import get_logger
 from agentspec.exceptions import (
@@ -48,6 +49,15 @@ from agentspec.exceptions import (
     ShardNotFoundError,
     StoreReadOnlyError,
     TreeClosedError,
+)
+from agentspec.metrics import (
+    FLEET_PUBLISHED_TOTAL,
+    SHARD_BUDGET_BYTES,
+    SHARD_BYTES,
+    SHARD_EVICTIONS_TOTAL,
+    SHARD_TOKENS,
+    SHARDS,
+    key_labels,
 )
 
 __all__ = [
@@ -218,6 +228,7 @@ class ShardStore:
         self._listeners: list[Listener] = []
         self._clock = 0
         self._live_total = 0
+        self._evicted_total = 0  # sequences evicted by the budget since opening
         self._closed = False
         #: Corrupt shard directories found at open, as moved to ``<path>/corrupt/``.
         self.quarantined: list[Path] = []
@@ -234,6 +245,8 @@ class ShardStore:
             except BaseException:
                 self.close()
                 raise
+        self._metrics_outbox = self._outbox  # kept after close, for the last metrics read
+        live_metrics.track(self, _metric_samples)
 
     # --- opening ------------------------------------------------------------------
 
@@ -320,6 +333,7 @@ class ShardStore:
                 _log.warning("agentspec shard store: eviction postponed", error=str(e))
                 break
             self._clock += 1
+            self._evicted_total += 1
             notes.append((victim.key, victim.version))
             if victim not in touched:
                 touched.append(victim)
@@ -620,6 +634,7 @@ class ShardStore:
         outbox, self._outbox = getattr(self, "_outbox", None), None
         if outbox is not None:
             outbox.close()  # before the journals close: it settles into them
+        live_metrics.retire(self)  # its counters stay counted
         with self._lock:
             if self._closed:
                 return
@@ -651,3 +666,24 @@ class ShardStore:
             where += " read-only"
         state = "closed" if self._closed else f"shards={len(self._shards)}"
         return f"<ShardStore {where} {state}>"
+
+
+def _metric_samples(store: ShardStore) -> Iterator[live_metrics.Sample]:
+    """The store's shard rows (kind ``learned``) and its publisher's, for `live_metrics`."""
+    with store._lock:
+        if store._closed:
+            return
+        stats = [(shard.stats(), shard.live_bytes) for shard in store._shards.values()]
+        evicted = store._evicted_total
+        budget = store._max_bytes
+    yield (SHARDS, ("learned",), len(stats))
+    for st, live_bytes in stats:
+        labels = ("learned", *key_labels(*st.key))
+        yield (SHARD_TOKENS, labels, st.tokens)
+        yield (SHARD_BYTES, labels, live_bytes)  # what the budget counts
+    yield (SHARD_EVICTIONS_TOTAL, ("learned",), evicted)
+    if budget is not None:
+        yield (SHARD_BUDGET_BYTES, (), budget)
+    outbox = store._metrics_outbox
+    if outbox is not None:
+        yield (FLEET_PUBLISHED_TOTAL, (), outbox.stats().publisher.published)
