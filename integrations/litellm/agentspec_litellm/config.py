@@ -255,7 +255,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HookConfig:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise InvalidArgumentError(f"{p}: not valid YAML: {_yaml_error(exc)}") from None
-    return HookConfig.from_mapping(raw if raw is not None else {})
+    try:
+        return HookConfig.from_mapping(raw if raw is not None else {})
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{p}: {exc.args[0]}", *exc.args[1:]) from None
 
 
 def _yaml_error(exc: Exception) -> str:

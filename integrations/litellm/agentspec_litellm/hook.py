@@ -34,15 +34,18 @@ under the same identity adds nothing to the fleet (docs/fleet.md).
 
 agentspec never fails a user request: every hook catches its own errors,
 counts them (``hook.counters``, and ``stats_file``) and logs the error type,
-and the request goes on untouched.  The store, tokenizers and pusher are set
-up on the first request (the proxy's router exists by then); a setup failure
-leaves the hook tagging requests without learning.
+and the request goes on untouched.  A hook made inside a LiteLLM proxy sends
+its log lines to the proxy's log (`agentspec_litellm.proxy_log`).  The store,
+tokenizers and pusher are set up on the first request (the proxy's router
+exists by then); a setup failure leaves the hook tagging requests without
+learning.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -52,10 +55,17 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from agentspec import ShardPusher, ShardStore
-from agentspec.fleet import check_identity
+from agentspec.exceptions import InvalidArgumentError
 from agentspec.integration import get_logger, load_tokenizer
 from agentspec.metrics import metrics_enabled
-from agentspec.protocol import XARG_REQUEST_ID, XARGS_FIELD
+from agentspec.protocol import (
+    TAG_XARGS,
+    XARG_REQUEST_ID,
+    XARG_TENANT,
+    XARGS_FIELD,
+    check_identity,
+    check_tag,
+)
 from agentspec_litellm.config import HookConfig, load_config, redacted_url
 from agentspec_litellm.learner import Counters, Encoder, Job, Learner
 from agentspec_litellm.metrics import HookMetrics, install
@@ -65,6 +75,7 @@ from agentspec_litellm.outputs import (
     response_outputs,
     strip_token_ids,
 )
+from agentspec_litellm.proxy_log import forward_to_litellm
 from agentspec_litellm.tags import RequestTags, client_xargs, resolve_tags
 
 __all__ = ["REQUEST_ID_XARG", "STASH_KEY", "AgentSpecHook", "merge_xargs"]
@@ -78,6 +89,8 @@ REQUEST_ID_XARG = XARG_REQUEST_ID
 
 #: LiteLLM call types the hook handles (chat and text completions).
 _CALL_TYPES = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+#: The LiteLLM proxy's module: imported, the hook runs in a proxy.
+_PROXY_MODULE = "litellm.proxy.proxy_server"
 #: Providers whose deployments are vLLM-compatible push targets under ``push: auto``.
 _PUSH_PROVIDERS = ("hosted_vllm/", "openai/")
 
@@ -87,7 +100,10 @@ def merge_xargs(kwargs: dict[str, Any], tags: Mapping[str, str]) -> dict[str, An
 
     The deployment's ``extra_body`` keeps its other fields; its ``vllm_xargs``
     and the client's (top-level) ``vllm_xargs`` are merged, in that order,
-    and ``tags`` is applied last.  Nothing passed in is mutated.
+    and ``tags`` is applied last.  An agentspec tag or request identity that
+    is not valid (`agentspec.protocol.check_tag`, `check_identity`) is
+    dropped rather than sent upstream, where it would fail the request.
+    Nothing passed in is mutated.
     """
     out = dict(kwargs)
     extra = kwargs.get("extra_body")
@@ -97,10 +113,28 @@ def merge_xargs(kwargs: dict[str, Any], tags: Mapping[str, str]) -> dict[str, An
         if isinstance(source, Mapping):
             merged.update(source)
     merged.update(tags)
+    for key in [k for k, v in merged.items() if not _valid_xarg(k, v)]:
+        del merged[key]
     body[XARGS_FIELD] = merged
     out["extra_body"] = body
     out[XARGS_FIELD] = dict(merged)
     return out
+
+
+#: ``vllm_xargs`` keys the hook checks before they go upstream, with their tag name.
+_CHECKED_XARGS = {XARG_TENANT: "tenant", **{key: name for name, key in TAG_XARGS.items()}}
+
+
+def _valid_xarg(key: str, value: object) -> bool:
+    """Whether an agentspec ``vllm_xargs`` entry would pass the server's check."""
+    try:
+        if key == REQUEST_ID_XARG:
+            check_identity(value)
+        elif key in _CHECKED_XARGS:
+            check_tag(value, _CHECKED_XARGS[key])
+    except InvalidArgumentError:
+        return False
+    return True
 
 
 @dataclass
@@ -161,6 +195,8 @@ class AgentSpecHook(CustomLogger):
     def __init__(self, config: HookConfig | Mapping[str, Any] | None = None) -> None:
         """Create the hook; nothing is opened before the first request."""
         super().__init__()
+        if _PROXY_MODULE in sys.modules:  # loaded by a LiteLLM proxy: log where it logs
+            forward_to_litellm()
         self._config_arg = config
         self._state: _State | None = None
         self._lock = threading.Lock()
@@ -331,8 +367,9 @@ class AgentSpecHook(CustomLogger):
             stash: dict[str, Any] = tags.as_dict()
             stash["client_ids"] = bool(data.get("return_token_ids"))
             stash["model"] = data.get("model") if isinstance(data.get("model"), str) else None
+            request_id = self._request_id(data)  # a bad client identity is counted
             if state.fleet is not None:
-                stash["request_id"] = self._request_id(data)
+                stash["request_id"] = request_id
             ask_ids = state.config.return_token_ids and not stash["client_ids"]
             md[STASH_KEY] = stash
             data["metadata"] = md

@@ -18,7 +18,9 @@ The tenant comes from the client (``vllm_xargs`` then ``metadata``
 Any other ``tenant_from`` takes it from the authenticated key alone (team,
 key alias, user id, or the ``tenant_keys`` map) and ignores what the client
 claims, so a client cannot write into another tenant's shards; a key the
-map does not know gets ``"default"``.
+map does not know gets ``"default"``.  A ``tenant_keys`` entry holds the raw
+key (or its ``sha256:`` hex): LiteLLM shows the hook a virtual key hashed,
+and the master key as an alias, and both are matched.
 
 A value that is not a valid tag is dropped and reported in ``problems``,
 never raised: the request goes on without it.
@@ -44,10 +46,20 @@ from agentspec.protocol import (
 )
 from agentspec_litellm.config import HookConfig, hash_key
 
-__all__ = ["XARG_PREFIX", "RequestTags", "client_xargs", "request_headers", "resolve_tags"]
+__all__ = [
+    "MASTER_KEY_ALIAS",
+    "XARG_PREFIX",
+    "RequestTags",
+    "client_xargs",
+    "request_headers",
+    "resolve_tags",
+]
 
 _HEADERS = {name: header.lower() for name, header in TAG_HEADERS.items()}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+#: What LiteLLM's auth shows hooks instead of the proxy's master key
+#: (``litellm.constants.LITELLM_PROXY_MASTER_KEY_ALIAS``).
+MASTER_KEY_ALIAS = "litellm_proxy_master_key"
 
 
 @dataclass(frozen=True)
@@ -160,10 +172,30 @@ def _tenant(
 
 
 def _key_digests(user_key: Any) -> list[str]:
-    """SHA-256 hex candidates for the caller's key (LiteLLM hashes virtual keys)."""
+    """SHA-256 hex candidates for the caller's key.
+
+    LiteLLM shows a hook a virtual key as its SHA-256 hex (``hash_token``),
+    and the master key as `MASTER_KEY_ALIAS`: that alias stands for the
+    proxy's master key (for a proxy admin only).
+    """
     out = []
     for attr in ("token", "api_key"):
         value = getattr(user_key, attr, None)
-        if isinstance(value, str) and value:
+        if not isinstance(value, str) or not value:
+            continue
+        if value == MASTER_KEY_ALIAS:
+            role = getattr(user_key, "user_role", None)
+            master = _master_key() if getattr(role, "value", role) == "proxy_admin" else None
+            if master is not None:
+                out.append(hash_key(master))
+        else:
             out.append(value if _HEX64.fullmatch(value) else hash_key(value))
     return out
+
+
+def _master_key() -> str | None:
+    """The running proxy's master key (None: no proxy, or none set)."""
+    from litellm.proxy import proxy_server
+
+    key = getattr(proxy_server, "master_key", None)
+    return key if isinstance(key, str) and key else None

@@ -85,22 +85,50 @@ def start_proxy(
 
     ``files`` are written next to the config (e.g. a ``custom_auth.py``).
     """
+    proc, port, log = _spawn_proxy(workdir, config, hook_config, files)
+    with _serving(proc, port, log, "/health/liveliness", 120, "proxy") as server:
+        yield server
+
+
+def failed_proxy_start(
+    workdir: Path, config: Mapping[str, Any], hook_config: str, timeout: float
+) -> tuple[int, str]:
+    """Start a proxy, with ``hook_config`` (YAML text) as the hook's settings file, that
+    must not come up: its exit status and output (a proxy still running after
+    ``timeout`` seconds is stopped, and the test fails)."""
+    proc, _, log = _spawn_proxy(workdir, config, hook_config, {})
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the proxy is still running:\n{log_tail(log)}") from None
+    finally:
+        stop_group(proc, grace=10)
+    return rc, log.read_text(errors="replace")
+
+
+def _spawn_proxy(
+    workdir: Path,
+    config: Mapping[str, Any],
+    hook_config: Mapping[str, Any] | str | None,
+    files: Mapping[str, str],
+) -> tuple[subprocess.Popen[bytes], int, Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (workdir / name).write_text(text)
     (workdir / "config.yaml").write_text(json.dumps(dict(config)))  # JSON is YAML
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="INFO")
     env.pop("AGENTSPEC_LITELLM_CONFIG", None)
-    if hook_config is not None:
+    if isinstance(hook_config, str):  # YAML text
+        (workdir / "agentspec.yaml").write_text(hook_config)
+        env["AGENTSPEC_LITELLM_CONFIG"] = str(workdir / "agentspec.yaml")
+    elif hook_config is not None:
         (workdir / "agentspec.json").write_text(json.dumps(dict(hook_config)))
         env["AGENTSPEC_LITELLM_CONFIG"] = str(workdir / "agentspec.json")
     port = free_port()
     log = workdir / "proxy.log"
     cmd = [str(LITELLM_BIN), "--config", str(workdir / "config.yaml")]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
-    proc = spawn(cmd, log, env, cwd=workdir)
-    with _serving(proc, port, log, "/health/liveliness", 120, "proxy") as server:
-        yield server
+    return spawn(cmd, log, env, cwd=workdir), port, log
 
 
 class Forwarder:

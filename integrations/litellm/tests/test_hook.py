@@ -32,6 +32,36 @@ def test_merge_keeps_deployment_and_client_fields_and_mutates_nothing() -> None:
     }
 
 
+def test_merge_drops_agentspec_values_the_server_would_refuse() -> None:
+    bad: dict[str, Any] = {
+        "agentspec_stage": "",
+        "agentspec_pipeline": "x" * 10_000,
+        "agentspec_session": "a\x00b",
+        "agentspec_tenant": {"an": "object"},
+        "agentspec_request_id": "r" * 300,
+    }
+    out = merge_xargs({"vllm_xargs": {**bad, "agentspec_speculate": True, "own": ""}}, {})
+    assert out["vllm_xargs"] == {"agentspec_speculate": True, "own": ""}  # other keys: as sent
+    good = {"agentspec_stage": "S", "agentspec_request_id": "a\x00b"}
+    assert merge_xargs({"vllm_xargs": good}, {})["vllm_xargs"] == good
+    # a resolved tag replaces the client's bad one
+    assert merge_xargs({"vllm_xargs": bad}, {"agentspec_stage": "main"})["vllm_xargs"] == {
+        "agentspec_stage": "main"
+    }
+
+
+def test_a_bad_request_id_is_counted_without_a_fleet() -> None:
+    hook = AgentSpecHook({"push": []})
+    try:
+        data = request("S")
+        data["vllm_xargs"] = {"agentspec_request_id": "r" * 300}
+        data = asyncio.run(hook.async_pre_call_hook(KEY, None, data, "acompletion"))
+        assert "request_id" not in data["metadata"]["agentspec"]  # no fleet: none of its own
+        assert hook.counters.snapshot()["tag_problems"] == 1
+    finally:
+        hook.close()
+
+
 def request(stage: str) -> dict[str, Any]:
     return {
         "model": "m",

@@ -261,6 +261,51 @@ def test_a_bad_tag_is_dropped_and_counted_not_fatal(
     )
 
 
+#: Bad values a client may put in its own vllm_xargs (the tag, and a bad request identity).
+BAD_XARGS = {
+    "empty": ("", ""),
+    "10 kB": ("x" * 10_000, "r" * 10_000),
+    "control characters": ("a\x00b\nc", "r" * 300),  # an identity may hold controls
+    "object": ({"an": "object"}, {"an": "object"}),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_XARGS.values()), ids=list(BAD_XARGS))
+def test_a_bad_tag_in_the_clients_vllm_xargs_is_dropped_not_sent(
+    proxy: Process, proxy_dir: Path, forwarder: Forwarder, bad: tuple[Any, Any]
+) -> None:
+    def problems() -> int:
+        counters = (read_json(proxy_dir / "stats.json") or {}).get("counters", {})
+        return int(counters.get("tag_problems", 0))
+
+    tag, identity = bad
+    counted = problems()
+    before = len(forwarder.completions())
+    resp = client(proxy).chat.completions.create(
+        model="smol",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=4,
+        temperature=0,
+        extra_body={
+            "vllm_xargs": {
+                "agentspec_stage": tag,
+                "agentspec_session": tag,
+                "agentspec_pipeline": tag,
+                "agentspec_request_id": identity,
+                "agentspec_speculate": True,
+            }
+        },
+    )
+    assert resp.choices[0].message.content is not None
+    assert last_upstream(forwarder, before)["vllm_xargs"] == {
+        "deployment_marker": "d1",
+        "agentspec_speculate": True,
+        "agentspec_tenant": "team-a",
+        "agentspec_stage": "main",  # the default stage of the model group
+    }
+    wait_for(lambda: problems() >= counted + 4, 30, "the four problems to be counted")
+
+
 def test_a_failing_store_does_not_fail_requests(
     tmp_path: Path, forwarder: Forwarder, served_model: str
 ) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from agentspec_litellm.config import HookConfig, hash_key
-from agentspec_litellm.tags import resolve_tags
+from agentspec_litellm.tags import MASTER_KEY_ALIAS, resolve_tags
 
 KEY = SimpleNamespace(
     token=hash_key("sk-a"), api_key=None, team_id="team-a", key_alias="alias-a", user_id="user-a"
@@ -72,3 +74,34 @@ def test_client_tenant_is_trusted_only_with_tenant_from_client() -> None:
 def test_xargs_form_leaves_out_untagged() -> None:
     tags, _ = resolve_tags(data(), KEY, HookConfig())
     assert tags.xargs() == {"agentspec_tenant": "default"}
+
+
+def test_tenant_keys_match_the_keys_as_litellm_shows_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stock auth path hands the hook LiteLLM's UserAPIKeyAuth: a virtual key hashed
+    # with hash_token (what a database-backed key also carries), the master key as an alias.
+    from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth, hash_token
+
+    import agentspec_litellm.tags as tags_module
+
+    master, virtual = "sk-master-0123456789", "sk-virtual-0123456789"
+    assert hash_key(virtual) == hash_token(virtual)
+    config = HookConfig.from_mapping(
+        {"tenant_from": "key", "tenant_keys": {master: "admins", virtual: "acme"}}
+    )
+
+    def tenant(key: Any) -> str:
+        return resolve_tags(data(), key, config)[0].tenant
+
+    as_sent = UserAPIKeyAuth(api_key=virtual)
+    assert as_sent.token == hash_token(virtual)  # what LiteLLM shows a hook
+    assert tenant(as_sent) == "acme"
+    from_db = UserAPIKeyAuth(token=hash_token(virtual), api_key=hash_token(virtual))
+    assert tenant(from_db) == "acme"
+
+    admin = UserAPIKeyAuth(api_key=MASTER_KEY_ALIAS, user_role=LitellmUserRoles.PROXY_ADMIN)
+    monkeypatch.setattr(tags_module, "_master_key", lambda: master)
+    assert tenant(admin) == "admins"
+    not_admin = UserAPIKeyAuth(api_key=MASTER_KEY_ALIAS)  # the alias alone proves nothing
+    assert tenant(not_admin) == "default"
+    monkeypatch.setattr(tags_module, "_master_key", lambda: "sk-another-master-key")
+    assert tenant(admin) == "default"
