@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "agentspec.chat",
             "agentspec.models",
             "agentspec.protocol",
+            "agentspec.metrics",
         ),
     ),
     ("core", ("agentspec._core", "agentspec.compat")),

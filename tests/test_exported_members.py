@@ -22,6 +22,7 @@ LAZY_SUBMODULES = {
     "models",
     "protocol",
     "integration",
+    "metrics",
     "traces",
 }
 # Names loaded on first access (they import openai).

@@ -59,6 +59,12 @@ which wins over the default.  Each key's environment variable is
 - ``fleet_max_shard_tokens`` [1048576]: token budget of each fleet shard,
   written for a tenant that has no fleet config in Redis yet (the first
   writer wins; the depth written is ``max_depth``).
+- ``metrics`` (``AGENTSPEC_METRICS``) [true]: the plugin's Prometheus metrics
+  (``agentspec_*`` on vLLM's ``/metrics`` and ``/v1/agentspec/metrics``);
+  false: neither the per-position and step-time counting in the proposer
+  nor the API server's refresh.
+- ``metrics_interval`` [5.0]: seconds between the API server's collections of
+  the workers' counters for ``/metrics`` (one ``collective_rpc`` each).
 
 Byte budgets count live tree bytes per worker (see `agentspec.integration`); they
 take an int or a size such as ``512MiB`` / ``1GiB``, and ``none`` turns a
@@ -97,7 +103,11 @@ ENV_PREFIX = "AGENTSPEC_VLLM_"
 REDIS_URL_FILE_ENV = "AGENTSPEC_VLLM_REDIS_URL_FILE"
 
 #: Keys whose environment variable does not follow ``ENV_PREFIX + KEY``.
-_ENV_NAMES = {"api_key": "AGENTSPEC_API_KEY", "shm_dir": "AGENTSPEC_SHM_DIR"}
+_ENV_NAMES = {
+    "api_key": "AGENTSPEC_API_KEY",
+    "shm_dir": "AGENTSPEC_SHM_DIR",
+    "metrics": "AGENTSPEC_METRICS",
+}
 
 #: Keys holding byte counts (sizes such as ``512MiB`` accepted).
 _SIZE_KEYS = frozenset(
@@ -153,6 +163,8 @@ class AgentSpecVllmConfig:
     fleet_max_tenants: int = 16
     fleet_publish: bool = True
     fleet_max_shard_tokens: int | None = 1 << 20
+    metrics: bool = True
+    metrics_interval: float = 5.0
 
     def __post_init__(self) -> None:
         """Validate the fields (InvalidArgumentError names the bad one)."""
@@ -212,6 +224,11 @@ class AgentSpecVllmConfig:
             raise InvalidArgumentError(
                 "agentspec fleet_max_shard_tokens must be >= 1 or none, "
                 f"not {self.fleet_max_shard_tokens}"
+            )
+        if not (math.isfinite(self.metrics_interval) and 0.1 <= self.metrics_interval <= 3600):
+            raise InvalidArgumentError(
+                f"agentspec metrics_interval must be in [0.1, 3600] seconds, "
+                f"not {self.metrics_interval}"
             )
 
     def draft_params(self, max_spec_tokens: int, vocab_size: int | None) -> DraftParams:

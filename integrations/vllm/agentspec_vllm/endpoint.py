@@ -25,7 +25,11 @@ guards it:
   file, which must lie in its ``shm_dir``); a large uploaded snapshot is
   itself handed over as a file in ``shm_dir`` when one is configured, so
   that big shards do not travel through the engine's RPC channel;
-* ``GET /v1/agentspec/stats`` returns every worker's ``agentspec_stats()``.
+* ``GET /v1/agentspec/stats`` returns every worker's ``agentspec_stats()``;
+* ``GET /v1/agentspec/metrics`` returns the plugin's Prometheus metrics,
+  collected afresh from every worker; the same families are on vLLM's own
+  ``/metrics``, refreshed every ``metrics_interval`` seconds by a task of
+  this plugin (see `agentspec_vllm.metrics`).
 
 vLLM runs ``collective_rpc`` between engine steps, so a push pauses
 generation for as long as the workers take to apply it (milliseconds for a
@@ -43,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from argparse import Namespace
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -68,9 +73,17 @@ from agentspec.integration import (
     parse_content_length,
     write_shm_file,
 )
+from agentspec.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentspec_vllm.config import AgentSpecVllmConfig, load_config
+from agentspec_vllm.metrics import (
+    METRICS_PATH,
+    MetricsRefresher,
+    WorkerMetrics,
+    install_collector,
+)
 
 __all__ = [
+    "METRICS_PATH",
     "PLUGIN_NAME",
     "RPC_HANDLE",
     "RPC_STATS",
@@ -116,6 +129,8 @@ class ShardForwarder:
             (the worker still does, and answers 400 for malformed bytes).
         shm_threshold: uploaded snapshots of this size or more are handed to
             the workers as a file in ``config.shm_dir`` (when set).
+        metrics: the collector ``GET /v1/agentspec/metrics`` refreshes and
+            renders (None: that route answers 404).
     """
 
     def __init__(
@@ -125,9 +140,11 @@ class ShardForwarder:
         *,
         validate_limit: int = DEFAULT_VALIDATE_LIMIT,
         shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """Forward through ``rpc`` (see the class docstring for the arguments)."""
         self._rpc = rpc
+        self.metrics = metrics
         self.config = config
         self.validate_limit = validate_limit
         self.shm_threshold = shm_threshold
@@ -147,7 +164,7 @@ class ShardForwarder:
         self, method: str, path: str, headers: Mapping[str, str], content_length: int | None
     ) -> WireResponse | None:
         """Checks before the body is read: API key, route, method, size (None: go on)."""
-        if path == STATS_PATH:
+        if path in (STATS_PATH, METRICS_PATH):
             early = self._checker.precheck("GET", SHARDS_PATH, headers, content_length)
             if early is None and method.upper() != "GET":
                 early = error_response(
@@ -170,6 +187,8 @@ class ShardForwarder:
             return early
         if path == STATS_PATH:
             return await self._stats()
+        if path == METRICS_PATH:
+            return await self._metrics()
         if not (path == SHARDS_PATH and method == "GET"):
             try:
                 decode_key_query(query)
@@ -310,6 +329,18 @@ class ShardForwarder:
             return _engine_error(e)
         return json_response(200, {"workers": list(results)})
 
+    async def _metrics(self) -> WireResponse:
+        """``GET /v1/agentspec/metrics``: the workers' counters, collected now."""
+        metrics = self.metrics
+        if metrics is None:
+            return error_response(404, "agentspec metrics are off", ErrorType.NOT_FOUND)
+        try:
+            await MetricsRefresher(self._rpc, metrics, 1.0).refresh()
+        except Exception as e:
+            return _engine_error(e)
+        body = await asyncio.to_thread(metrics.render_text)
+        return WireResponse(200, {"Content-Type": METRICS_CONTENT_TYPE}, body)
+
 
 def _local(answer: WireResponse | None) -> WireResponse | None:
     """An answer of the local checker without its (meaningless) instance header."""
@@ -396,6 +427,7 @@ class AgentSpecEndpointPlugin:
     def __init__(self) -> None:
         """No forwarder until `init_state` runs."""
         self.forwarder: ShardForwarder | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
 
     def attach_router(self, app: Any) -> None:
         """Register the catch-all ``/v1/agentspec/{rest}`` route on vLLM's FastAPI app."""
@@ -421,7 +453,18 @@ class AgentSpecEndpointPlugin:
             )
             return list(result)
 
-        self.forwarder = ShardForwarder(rpc, config)
+        metrics = None
+        if config.metrics:
+            metrics = install_collector()
+            refresher = MetricsRefresher(rpc, metrics, config.metrics_interval)
+            self._refresh_task = asyncio.get_running_loop().create_task(refresher.run())
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                _log.warning(
+                    "agentspec.endpoint.metrics_multiprocess",
+                    hint="several API server processes: vLLM's /metrics serves only its "
+                    f"multiprocess files; scrape {METRICS_PATH} for the agentspec metrics",
+                )
+        self.forwarder = ShardForwarder(rpc, config, metrics=metrics)
         state.agentspec_forwarder = self.forwarder
         _log.info("agentspec.endpoint.ready", config=config.public())
 

@@ -26,6 +26,7 @@ response (counted).  The URL's password never reaches a log line or a stat.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -85,6 +86,7 @@ class WorkerFleet:
         self.published = 0
         self.dropped = 0  # queue full, closed, or a sequence the fleet cannot take
         self.publisher: FleetPublisher | None = None
+        self._lag: tuple[list[int], list[float]] | None = None  # sampled by `metrics`
         if publish:
             self.publisher = FleetPublisher(url, config=config, **(publisher_options or {}))
         _log.info("agentspec.vllm.fleet", url=self.url, max_tenants=max_tenants, publish=publish)
@@ -182,6 +184,39 @@ class WorkerFleet:
             "refused_tenants": self.refused_tenants,
             "publisher": publisher,
             "tenants": tenants,
+        }
+
+    def metrics(self, lag_buckets: Sequence[float]) -> dict[str, Any]:
+        """The counters behind the plugin's fleet metrics (JSON-ready, see
+        `agentspec_vllm.metrics`).  Each call also samples every subscriber's
+        current lag into ``lag`` (counts per bucket of ``lag_buckets``, +Inf
+        last, cumulative over the calls with the same buckets)."""
+        subs = [sub.stats() for _, sub in sorted(self._subs.items())]
+        lag = self._lag
+        if lag is None or len(lag[0]) != len(lag_buckets) + 1:
+            lag = self._lag = ([0] * (len(lag_buckets) + 1), [0.0])
+        for s in subs:
+            seconds = s.lag_ms / 1000.0
+            lag[0][bisect.bisect_left(lag_buckets, seconds)] += 1
+            lag[1][0] += seconds
+        pub = self.publisher.stats() if self.publisher is not None else None
+        return {
+            "published": 0 if pub is None else pub.published,
+            "publish_failures": 0 if pub is None else pub.failures + pub.rejected,
+            "publish_backlog": 0 if pub is None else pub.pending,
+            "dropped": self.dropped,
+            "applied": sum(s.applied for s in subs),
+            "malformed": sum(s.malformed for s in subs),
+            "reconnects": sum(s.reconnects for s in subs),
+            "compactions": sum(s.compactions for s in subs),
+            "evicted": sum(s.evicted_shards for s in subs),
+            "bytes": sum(s.bytes for s in subs),
+            "shards": [
+                [k[0], k[1] or "", k[2] or "", sh.tokens]
+                for s in subs
+                for k, sh in s.shards.items()
+            ],
+            "lag": {"counts": list(lag[0]), "sum": lag[1][0]},
         }
 
     def close(self, timeout: float = 2.0) -> None:

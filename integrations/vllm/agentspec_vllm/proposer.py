@@ -51,6 +51,7 @@ one, else vLLM's request id.  Neither ever waits on Redis.
 from __future__ import annotations
 
 import array
+import bisect
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from agentspec import Draft, DraftParams, GoodputController, ShardKey, Speculator, SuffixTree
 from agentspec.exceptions import InvalidArgumentError
 from agentspec.integration import LearnedBudget, get_logger
+from agentspec.metrics import STEP_SECONDS_BUCKETS
 from agentspec.protocol import (
     DEFAULT_TENANT,
     MAX_IDENTITY,
@@ -112,6 +114,11 @@ class KeyStats:
     accepted_tokens: int = 0  # of drafted tokens, those the target model confirmed
     published: int = 0  # finished responses handed to the fleet publisher
     sources: dict[str, int] = field(default_factory=dict)
+    # Metrics only (not in `to_json`): verified drafts by their accepted length
+    # (index n: n tokens accepted), and the "extra" drafts by the tree kind
+    # the request had ("pushed", "fleet", or "pushed_or_fleet" with both).
+    accepted_len: list[int] = field(default_factory=list)
+    extra_kinds: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The counters plus the acceptance rate (accepted / drafted)."""
@@ -142,6 +149,7 @@ class _Active:
     last_draft: int = 0  # length of the draft proposed at the previous step
     identity: str = ""  # fleet identity (the client's agentspec_request_id, or vLLM's id)
     tokens: array.array[int] | None = None  # lead + output so far (only in a fleet)
+    extra_kind: str = "pushed"  # which extra trees the last draft could come from
 
 
 class AgentSpecProposer:
@@ -188,6 +196,10 @@ class AgentSpecProposer:
         self._last_call: float | None = None
         self._last_rows: frozenset[str] = frozenset()
         self._last_tokens = 0
+        # Metrics (plain counters, read by `metrics_snapshot`).
+        self.metrics = self.config.metrics
+        self._step_counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)  # per bucket, +Inf last
+        self._step_sum = 0.0
         self.fleet: WorkerFleet | None = None
         if self.config.redis_url is not None:
             self.fleet = self._make_fleet(self.config.redis_url)
@@ -307,7 +319,13 @@ class AgentSpecProposer:
         so that a draft token looks cheap next to it."""
         last, prev = self._last_call, self._last_rows
         self._last_call, self._last_rows = now, rows
-        if last is None or not prev or rows.isdisjoint(prev) or prefill:
+        if last is None or not prev or rows.isdisjoint(prev):
+            return
+        if self.metrics:
+            seconds = now - last
+            self._step_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, seconds)] += 1
+            self._step_sum += seconds
+        if prefill:
             return
         tokens = max(self._last_tokens, len(prev))
         self.goodput.observe_step(len(prev), tokens, now - last)
@@ -342,6 +360,10 @@ class AgentSpecProposer:
         stats = self._key_stats(act.key)
         if act.last_draft and len(sampled):
             stats.accepted_tokens += len(sampled) - 1
+            if self.metrics:
+                lens = stats.accepted_len
+                if len(sampled) <= len(lens):
+                    lens[len(sampled) - 1] += 1
         spec = self._tenants[act.key[0]]
         if n > act.fed:
             new = row[act.fed : n]
@@ -366,6 +388,8 @@ class AgentSpecProposer:
                 break
         stats.steps += 1
         stats.sources[source] = stats.sources.get(source, 0) + 1
+        if source == "extra":
+            stats.extra_kinds[act.extra_kind] = stats.extra_kinds.get(act.extra_kind, 0) + 1
         if tokens:
             stats.drafts += 1
             stats.drafted_tokens += len(tokens)
@@ -391,6 +415,9 @@ class AgentSpecProposer:
             pushed = pushed_tree(act.key)
             shared = None if fleet is None else fleet.tree(act.key)
             extra.append(tuple(t for t in (pushed, shared) if t is not None))
+            act.extra_kind = (
+                "pushed" if shared is None else "fleet" if pushed is None else "pushed_or_fleet"
+            )
         try:
             return spec.draft_batch_source(ids, params, caps=caps, extra_trees=extra, control=False)
         except RuntimeError:  # a pushed (or fleet) tree is being modified right now
@@ -463,6 +490,7 @@ class AgentSpecProposer:
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = KeyStats()
+            stats.accepted_len = [0] * (self.num_speculative_tokens + 1)
         return stats
 
     def _finish(self, req_id: str, *, learn: bool) -> None:
@@ -537,6 +565,65 @@ class AgentSpecProposer:
             "config": self.config.public(),
             "fleet": None if self.fleet is None else self.fleet.stats(),
             "goodput": self.goodput.stats(),
+        }
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """The counters `agentspec_vllm.metrics` renders (JSON-ready, small).
+
+        ``keys``: per shard key ``[tenant, pipeline, stage, requests, steps,
+        drafts, drafted_tokens, accepted_tokens, learned, published, sources,
+        accepted_len, learned_tokens, learned_bytes]`` (pipeline and stage ""
+        when untagged; ``sources`` with "extra" split into the kinds of
+        `KeyStats.extra_kinds`); the step-time histogram; the goodput
+        controller's and the learned shards' state.
+        """
+        keys = []
+        for key, st in self._stats.items():
+            sources = dict(st.sources)
+            extra = sources.pop("extra", 0)
+            for kind, n in st.extra_kinds.items():
+                sources[kind] = sources.get(kind, 0) + n
+                extra -= n
+            if extra > 0:  # counted before metrics were on (cannot happen today)
+                sources["pushed_or_fleet"] = sources.get("pushed_or_fleet", 0) + extra
+            spec = self._tenants.get(key[0])
+            tree = spec.shard(stage=key[2], pipeline=key[1]) if spec is not None else None
+            tstats = tree.stats() if tree is not None and not tree.closed else None
+            keys.append(
+                [
+                    key[0],
+                    key[1] or "",
+                    key[2] or "",
+                    st.requests,
+                    st.steps,
+                    st.drafts,
+                    st.drafted_tokens,
+                    st.accepted_tokens,
+                    st.learned,
+                    st.published,
+                    sources,
+                    list(st.accepted_len),
+                    0 if tstats is None else tstats.tokens,
+                    0 if tstats is None else max(0, tstats.bytes - tstats.free_bytes),
+                ]
+            )
+        memory = [spec.memory() for spec in self._tenants.values()]
+        return {
+            "keys": keys,
+            "step_seconds": {
+                "bounds": list(STEP_SECONDS_BUCKETS),
+                "counts": list(self._step_counts),
+                "sum": self._step_sum,
+            },
+            "goodput": self.goodput.stats(),
+            "learned": {
+                "bytes": sum(m["bytes"] for m in memory),
+                "max_bytes": self.learned_budget.max_bytes,
+                "shards": sum(m["shards"] for m in memory),
+                "evictions": sum(m["evicted_sequences"] for m in memory),
+            },
+            "bad_tags": self._bad_tags,
+            "active_requests": len(self._active),
         }
 
     def close(self) -> None:

@@ -11,6 +11,9 @@ the API server, ``LLM.collective_rpc`` in-process):
   API server's endpoint plugin forwards HTTP requests to it unchanged.
 * ``agentspec_stats() -> dict`` reports the proposer's counters per shard key
   and the pushed shards.
+* ``agentspec_metrics() -> dict`` returns the counters behind the plugin's
+  Prometheus metrics (`agentspec_vllm.metrics`), a compact snapshot the
+  API server collects every ``metrics_interval`` seconds.
 * ``init_worker_extension()`` is called by vLLM >= 0.33 once the model runner
   exists; it binds the runner to the proposer (older versions bind it on the
   first ``propose``).
@@ -28,6 +31,7 @@ from typing import Any
 
 from agentspec import ShardIntake
 from agentspec.integration import get_logger
+from agentspec.metrics import FLEET_LAG_SECONDS_BUCKETS
 from agentspec_vllm.config import load_config
 from agentspec_vllm.proposer import AgentSpecProposer
 from agentspec_vllm.shards import worker_intake
@@ -94,6 +98,35 @@ class AgentSpecWorkerExtension:
             "proposer": None if proposer is None else proposer.stats(),
             "pushed": [shard.to_json() for shard in intake.shards()],
             "pushed_budget": intake.budget(),
+        }
+
+    def agentspec_metrics(self) -> dict[str, Any]:
+        """This worker's metric counters (see `agentspec_vllm.metrics.merge_snapshots`)."""
+        proposer = self.agentspec_proposer()
+        intake = self.agentspec_intake()
+        if proposer is not None:
+            proposer.sweep()
+        budget = intake.budget()
+        parallel = getattr(self.vllm_config, "parallel_config", None)
+        fleet = None
+        if proposer is not None and proposer.fleet is not None:
+            fleet = proposer.fleet.metrics(FLEET_LAG_SECONDS_BUCKETS)
+        return {
+            "pid": os.getpid(),
+            "rank": getattr(self, "rank", None),
+            "dp_rank": getattr(parallel, "data_parallel_rank", 0) or 0,
+            "proposer": None if proposer is None else proposer.metrics_snapshot(),
+            "pushed": {
+                "shards": [
+                    [s.key[0], s.key[1] or "", s.key[2] or "", s.tokens, s.bytes]
+                    for s in intake.shards()
+                ],
+                "bytes": budget["bytes"],
+                "max_bytes": budget["max_bytes"],
+                "refused": budget["refused"],
+                "too_large": budget["too_large"],
+            },
+            "fleet": fleet,
         }
 
 

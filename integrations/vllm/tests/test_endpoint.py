@@ -17,6 +17,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ except ImportError:  # not installed (e.g. the main venv): use the source tree
 
 from agentspec_vllm.config import AgentSpecVllmConfig
 from agentspec_vllm.endpoint import (
+    METRICS_PATH,
     RPC_HANDLE,
     RPC_STATS,
     STATS_PATH,
@@ -413,9 +415,8 @@ def need_vllm():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     need_vllm()
-    srv = VllmServer(
-        tmp_path_factory.mktemp("vllm"), env={"AGENTSPEC_VLLM_MAX_BODY_BYTES": str(4 << 20)}
-    )
+    env = {"AGENTSPEC_VLLM_MAX_BODY_BYTES": str(4 << 20), "AGENTSPEC_VLLM_METRICS_INTERVAL": "0.5"}
+    srv = VllmServer(tmp_path_factory.mktemp("vllm"), env=env)
     try:
         srv.start()
         yield srv
@@ -534,3 +535,82 @@ def test_vllm_stats_and_header_middleware(server):
     }
     stages = {k.get("stage") for k in worker["proposer"]["keys"]} if worker["proposer"] else set()
     assert "stäge-H" in stages, worker["proposer"]
+
+
+def _agentspec_series(text, tenant):
+    """Per (pipeline, stage) of ``tenant``: the speculation counters in an exposition text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {
+        "agentspec_requests_total": "requests",
+        "agentspec_verify_steps_total": "steps",
+        "agentspec_draft_tokens_total": "drafted_tokens",
+        "agentspec_accepted_tokens_total": "accepted_tokens",
+        "agentspec_accepted_tokens_per_position_total": "per_position",
+    }
+    out = {}
+    families = set()
+    for family in text_string_to_metric_families(text):
+        families.add(family.name)
+        for sample in family.samples:
+            field = names.get(sample.name)
+            if field is None or sample.labels.get("tenant") != tenant:
+                continue
+            entry = out.setdefault((sample.labels["pipeline"], sample.labels["stage"]), {})
+            entry[field] = entry.get(field, 0) + sample.value
+    return out, families
+
+
+@pytest.mark.vllm
+def test_vllm_metrics_per_stage_match_the_stats(server):
+    """vLLM's own /metrics carries the workers' per-stage counters next to vllm:spec_decode_*."""
+    prompt = "List the planets of the solar system in order, separated by commas:"
+    for stage, n in (("M-A", 3), ("M-B", 1)):
+        for _ in range(n):
+            server.complete(
+                prompt,
+                max_tokens=24,
+                agentspec_tenant="mt",
+                agentspec_pipeline="mp",
+                agentspec_stage=stage,
+            )
+
+    def stats():
+        status, _, out = server.request("GET", STATS_PATH)
+        assert status == 200, out
+        (worker,) = json.loads(out)["workers"]
+        return {
+            (k["pipeline"], k["stage"]): {
+                f: k[f] for f in ("requests", "steps", "drafted_tokens", "accepted_tokens")
+            }
+            for k in worker["proposer"]["keys"]
+            if k["tenant"] == "mt"
+        }
+
+    deadline = time.monotonic() + 60
+    while True:
+        expected = stats()
+        status, headers, body = server.request("GET", "/metrics")
+        assert status == 200
+        got, families = _agentspec_series(body.decode(), "mt")
+        per_position = {k: v.pop("per_position", 0) for k, v in got.items()}
+        if got == expected and stats() == expected:
+            break  # the refresh caught up and the counters stand still
+        assert time.monotonic() < deadline, (got, expected)
+        time.sleep(0.2)
+    assert set(expected) == {("mp", "M-A"), ("mp", "M-B")}
+    assert expected[("mp", "M-A")]["requests"] == 3
+    assert expected[("mp", "M-A")]["accepted_tokens"] > 0  # the repeats drafted from the stage
+    assert per_position == {k: v["accepted_tokens"] for k, v in expected.items()}
+    assert "vllm:spec_decode_num_draft_tokens" in families  # vLLM's own, in the same scrape
+    assert "agentspec_step_seconds" in families
+    # The plugin's route answers the same counters, collected afresh, behind the API key.
+    status, headers, body = server.request("GET", METRICS_PATH)
+    assert status == 200, body
+    assert headers["content-type"].startswith("text/plain")
+    fresh, _ = _agentspec_series(body.decode(), "mt")
+    for v in fresh.values():
+        v.pop("per_position")
+    assert fresh == expected
+    status, _, _ = server.request("GET", METRICS_PATH, auth=False)
+    assert status == 401
