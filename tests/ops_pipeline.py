@@ -182,6 +182,11 @@ def concrete(expr: str, rate_interval: str = "1m") -> str:
     return expr
 
 
+#: Series only a vLLM server (with the plugin, on a fleet) exports: vLLM's own, and the
+#: fleet lag and compactions, which the embedded engine does not measure.
+VLLM_SERIES = ("vllm:", "agentspec_fleet_lag_seconds", "agentspec_fleet_compactions_total")
+
+
 def is_vllm(expr: str) -> bool:
-    """Whether the expression reads vLLM's own ``vllm:*`` series."""
-    return "vllm:" in expr
+    """Whether the expression is checked against vLLM (it reads a `VLLM_SERIES` series)."""
+    return any(name in expr for name in VLLM_SERIES)

@@ -10,16 +10,20 @@ two scrapes that follow the run:
 - per (tenant, pipeline, stage), Prometheus's requests, verification steps,
   drafted and accepted tokens, and the acceptance rate, equal what the
   responses' own ``agentspec`` fields counted;
-- the fleet's counters: published by A, applied and malformed on B;
-- every PromQL expression of docs/grafana/agentspec.json (but vLLM's own
-  ``vllm:*`` panels, checked in integrations/vllm/tests) parses and returns
-  series, and the template variables list the pipeline's tenants and stages;
+- the fleet's counters: published by A, applied and malformed on B; the
+  pushes A answered (one shard pushed, one malformed snapshot refused);
+- every PromQL expression of docs/grafana/agentspec.json parses and returns
+  series (but those of ``ops_pipeline.VLLM_SERIES``: vLLM's own ``vllm:*``
+  and the fleet lag and compactions, which only the vLLM plugin exports;
+  integrations/vllm/tests/test_prometheus_vllm.py checks them), and the
+  template variables list the pipeline's tenants and stages;
 - docs/prometheus/agentspec-alerts.yml loads and every rule evaluates
   without error.
 """
 
 from __future__ import annotations
 
+import http.client
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,9 +37,11 @@ from redis_server import RedisServer, requires_redis_server
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from agentspec import ShardPusher, ShardStore
 from agentspec._fleet.config import FleetConfig
 from agentspec._fleet.functions import load_library
 from agentspec._fleet.names import FleetKeys
+from agentspec._push.wire import SHARD_CONTENT_TYPE, SNAPSHOT_PATH
 from agentspec.engine import EngineOptions, EngineServer
 from agentspec.engine._fleet import EngineFleet
 
@@ -79,14 +85,16 @@ def stack(model_tok: tuple[Any, Any], start_prometheus: Any) -> Iterator[Stack]:
             )
             prom.wait_scraped()  # both targets up before the run
             expected = ops_pipeline.run(a.port, api_key=KEY)
+            _push(a, good=True)
+            _push(a, good=False)
             # B applies what A published (the default tenant's stream), then skips
             # one malformed entry.
             assert fleet_a.publisher.flush(WAIT)
-            last = fleet_a.publisher.last_id
-            assert last is not None
+            log = FleetKeys.of("default").log
+            ((last, _),) = admin.xrevrange(log, count=1)
             sub = fleet_b.subscribers["default"]
             assert sub.wait_for(last, WAIT)
-            bad = admin.xadd(FleetKeys.of("default").log, {b"x": b"not an entry"})
+            bad = admin.xadd(log, {b"x": b"not an entry"})
             assert sub.wait_for(bad, WAIT)
             applied = sum(c.requests for k, c in expected.items() if k[0] == "default")
             # two scrapes after the run: every series has two samples (rate() needs them)
@@ -100,6 +108,29 @@ def stack(model_tok: tuple[Any, Any], start_prometheus: Any) -> Iterator[Stack]:
             fleet_a.close(0)
             fleet_b.close(0)
             admin.close()
+
+
+def _push(srv: EngineServer, *, good: bool) -> None:
+    """One shard pushed to ``srv`` with `ShardPusher` (good), or a malformed snapshot (400)."""
+    if good:
+        store = ShardStore()
+        pusher = ShardPusher(store, [srv.url], api_key=KEY)
+        try:
+            store.learn(("default", ops_pipeline.PIPELINE, "pushed"), [5, 6, 7, 8, 9])
+            assert pusher.flush(WAIT)
+        finally:
+            pusher.close()
+            store.close()
+        return
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": SHARD_CONTENT_TYPE}
+        conn.request("PUT", SNAPSHOT_PATH + "?stage=bad", b"not a shard", headers)
+        resp = conn.getresponse()
+        assert resp.status == 400, resp.read()
+        resp.read()
+    finally:
+        conn.close()
 
 
 def _by_key(prom: PrometheusServer, expr: str) -> dict[tuple[str, str, str], float]:
@@ -156,9 +187,16 @@ def test_fleet_counters(stack: Stack) -> None:
         "": float(stack.applied_on_b)
     }
     assert prom.values('sum(agentspec_fleet_malformed_total{job="engine-b"})', "") == {"": 1.0}
-    assert prom.values('sum(agentspec_fleet_lag_seconds_count{job="engine-b"})', "") == {
-        "": float(stack.applied_on_b)
+
+
+def test_push_counters(stack: Stack) -> None:
+    got = {
+        (r["metric"]["result"], r["metric"]["code"]): float(r["value"][1])
+        for r in stack.prom.query('sum by (result, code) (agentspec_pushes_total{job="engine-a"})')
     }
+    assert got.pop(("refused", "400")) == 1.0
+    assert set(got) == {("accepted", "200")}
+    assert got["accepted", "200"] >= 1
 
 
 def test_every_dashboard_expression_returns_series(stack: Stack) -> None:
