@@ -137,9 +137,8 @@ def run_stack(seconds: float) -> tuple[Any, float, float, list[Any]]:
         from agentspec._fleet.functions import load_library
         from agentspec.engine._fleet import EngineFleet
 
-        redis = RedisServer(tcp=True)
-        redis.start()
-        closers.append(redis.stop)
+        redis = RedisServer(tcp=True).__enter__()
+        closers.append(lambda: redis.__exit__(None, None, None))
         admin = redis.client()
         load_library(admin)
         admin.close()

@@ -1,16 +1,17 @@
 """A real Prometheus scrapes a real vLLM server with the agentspec plugin while a pipeline runs.
 
 One vLLM server (SmolLM2-135M on CPU, agentspec's flags as ``agentspec
-serve`` builds them) answers the tagged pipeline of tests/ops_pipeline.py;
-Prometheus (Debian's binary, 1 s scrapes) scrapes vLLM's own ``/metrics``.
-Then:
+serve`` builds them, on a fleet in a real redis-server) answers the tagged
+pipeline of tests/ops_pipeline.py; Prometheus (Debian's binary, 1 s scrapes)
+scrapes vLLM's own ``/metrics``.  Then:
 
 - per (tenant, pipeline, stage), Prometheus's drafted and accepted tokens,
   requests and acceptance rate equal the proposer's own counters
   (``GET /v1/agentspec/stats``, summed over the workers);
 - every PromQL expression of docs/grafana/agentspec.json that reads vLLM's
-  own ``vllm:spec_decode_*`` series parses and returns series (the others
-  are checked against the embedded engine in tests/ops).
+  own ``vllm:spec_decode_*`` series, or the fleet lag and compactions that
+  only the plugin exports (``ops_pipeline.VLLM_SERIES``), parses and returns
+  series (the others are checked against the embedded engine in tests/ops).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 
 import ops_pipeline
 from prometheus_server import Target, eventually, requires_prometheus
+from redis_server import RedisServer, requires_redis_server
 from test_endpoint import API_KEY, VllmServer, need_vllm
 
-pytestmark = [pytest.mark.vllm, requires_prometheus]
+pytestmark = [pytest.mark.vllm, requires_prometheus, requires_redis_server]
 
 WAIT = 60.0
 KEY_LABELS = ("tenant", "pipeline", "stage")
@@ -40,18 +42,21 @@ def stack(tmp_path_factory):
     from prometheus_server import PrometheusServer
 
     need_vllm()
-    srv = VllmServer(tmp_path_factory.mktemp("vllm-prom"))
-    prom = None
-    try:
-        srv.start()
-        prom = PrometheusServer({"vllm": [Target(f"127.0.0.1:{srv.port}", bearer=API_KEY)]}).start()
-        prom.wait_scraped()
-        sent = ops_pipeline.run(srv.port, api_key=API_KEY)
-        yield srv, prom, sent
-    finally:
-        if prom is not None:
-            prom.close()
-        srv.close()
+    with RedisServer() as redis:
+        env = {"AGENTSPEC_VLLM_REDIS_URL": redis.url}
+        srv = VllmServer(tmp_path_factory.mktemp("vllm-prom"), env=env)
+        prom = None
+        try:
+            srv.start()
+            target = Target(f"127.0.0.1:{srv.port}", bearer=API_KEY)
+            prom = PrometheusServer({"vllm": [target]}).start()
+            prom.wait_scraped()
+            sent = ops_pipeline.run(srv.port, api_key=API_KEY)
+            yield srv, prom, sent
+        finally:
+            if prom is not None:
+                prom.close()
+            srv.close()
 
 
 def _stats(srv):
