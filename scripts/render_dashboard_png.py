@@ -96,7 +96,10 @@ def render(url: str, start: float, end: float, out: Path, rate_interval: str) ->
         ax.grid(alpha=0.3)
         if drawn:
             with_data += 1
-            ax.legend(fontsize=6, loc="best", ncol=2 if drawn > 4 else 1)
+            if unit == "bytes":  # shards are small next to their budget
+                ax.set_yscale("symlog")
+            handles, names = ax.get_legend_handles_labels()
+            ax.legend(handles[:12], names[:12], fontsize=6, loc="best", ncol=2 if drawn > 4 else 1)
         else:
             ax.text(
                 0.5,
@@ -121,11 +124,13 @@ def render(url: str, start: float, end: float, out: Path, rate_interval: str) ->
 
 def run_stack(seconds: float) -> tuple[Any, float, float, list[Any]]:
     """Start the engines, the fleet and Prometheus; send the pipeline for ``seconds``."""
+    import torch
     from prometheus_server import PrometheusServer, Target
 
     from agentspec.engine import EngineOptions, EngineServer
     from agentspec.models import ensure_default_model, load_model
 
+    torch.set_num_threads(1)  # one thread per engine step: no OpenMP oversubscription
     model, tok = load_model(ensure_default_model())
     opts = EngineOptions(default_max_tokens=24)
     closers: list[Any] = []
