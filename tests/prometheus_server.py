@@ -46,6 +46,10 @@ PROMETHEUS = shutil.which("prometheus") or (
     "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
 )
 
+PROMTOOL = shutil.which("promtool") or (
+    "/usr/bin/promtool" if os.access("/usr/bin/promtool", os.X_OK) else None
+)
+
 requires_prometheus = pytest.mark.skipif(
     PROMETHEUS is None and not _IN_CI,
     reason="the prometheus server is not installed (apt-get install prometheus)",
