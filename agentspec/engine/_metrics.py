@@ -23,6 +23,7 @@ from agentspec.metrics import (
     DRAFT_TOKENS_TOTAL,
     DRAFTS_TOTAL,
     FLEET_APPLIED_TOTAL,
+    FLEET_COMPACTIONS_TOTAL,
     FLEET_MALFORMED_TOTAL,
     FLEET_PUBLISHED_TOTAL,
     FLEET_RECONNECTS_TOTAL,
@@ -302,12 +303,13 @@ class EngineMetrics:
         evictions: CounterMetricFamily,
         tokens: list[tuple[tuple[str, ...], float]],
     ) -> Iterable[Metric]:
-        count = evicted = applied = malformed = reconnects = 0
+        count = evicted = applied = malformed = reconnects = compactions = 0
         for sub in list(fleet.subscribers.values()):
             s = sub.stats()
             applied += s.applied
             malformed += s.malformed
             reconnects += s.reconnects
+            compactions += s.compactions
             count += len(s.shards)
             for key, shard in s.shards.items():
                 tokens.append((("fleet", *key_labels(*key)), shard.tokens))
@@ -327,5 +329,8 @@ class EngineMetrics:
             ),
             CounterMetricFamily(
                 FLEET_RECONNECTS_TOTAL, "reconnects of the fleet subscribers", value=reconnects
+            ),
+            CounterMetricFamily(
+                FLEET_COMPACTIONS_TOTAL, "compactions the fleet subscribers ran", value=compactions
             ),
         ]
