@@ -54,9 +54,11 @@ from litellm.integrations.custom_logger import CustomLogger
 from agentspec import ShardPusher, ShardStore
 from agentspec.fleet import check_identity
 from agentspec.integration import get_logger, load_tokenizer
+from agentspec.metrics import metrics_enabled
 from agentspec.protocol import XARG_REQUEST_ID, XARGS_FIELD
 from agentspec_litellm.config import HookConfig, load_config, redacted_url
 from agentspec_litellm.learner import Counters, Encoder, Job, Learner
+from agentspec_litellm.metrics import HookMetrics, install
 from agentspec_litellm.outputs import (
     Outputs,
     StreamAccumulator,
@@ -164,6 +166,9 @@ class AgentSpecHook(CustomLogger):
         self._lock = threading.Lock()
         self._scrub: Callable[[str], str] = _no_secrets
         self.counters = Counters()
+        self.metrics = HookMetrics()  # Prometheus (agentspec_litellm.metrics)
+        if metrics_enabled():
+            install(self)
 
     # --- setup --------------------------------------------------------------------------
 
@@ -226,6 +231,7 @@ class AgentSpecHook(CustomLogger):
             queue_size=config.queue_size,
             stats_file=config.stats_file,
             scrub=self._scrub,
+            metrics=self.metrics,
         )
         fleet = redacted_url(url) if url is not None and store is not None else None
         state = _State(config, learner, fleet=fleet)
@@ -333,6 +339,7 @@ class AgentSpecHook(CustomLogger):
             if ask_ids:
                 data["return_token_ids"] = True
             self.counters.add("requests")
+            self.metrics.call(_key(stash))
         except Exception as exc:
             self._error("pre_call", exc)
         return data

@@ -32,6 +32,7 @@ from agentspec_litellm.outputs import Outputs
 
 if TYPE_CHECKING:
     from agentspec import ShardStore
+    from agentspec_litellm.metrics import HookMetrics
 
 __all__ = ["Counters", "Job", "Learner"]
 
@@ -84,6 +85,7 @@ class Learner:
         queue_size: int = 1024,
         stats_file: Path | None = None,
         scrub: Callable[[str], str] | None = None,
+        metrics: HookMetrics | None = None,
     ) -> None:
         """Learn into ``store`` (None: count the answers, learn nothing).
 
@@ -97,6 +99,7 @@ class Learner:
         self._max = queue_size
         self._stats_file = stats_file
         self._scrub: Callable[[str], str] = scrub or (lambda text: text)
+        self._metrics = metrics
         self._queue: deque[Job | None] = deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -119,6 +122,11 @@ class Learner:
             if dropped & (dropped - 1) == 0:
                 _log.warning("agentspec_litellm_learn_dropped", dropped=dropped)
         return accepted
+
+    def depth(self) -> int:
+        """Jobs waiting in the queue."""
+        with self._cond:
+            return sum(1 for job in self._queue if job is not None)
 
     def poke(self) -> None:
         """Ask the worker to write the stats file (after a counter changed)."""
@@ -185,6 +193,8 @@ class Learner:
                 continue
             self.store.learn(job.key, seq, identity=job.identity)
             self.counters.add("learned")
+            if self._metrics is not None:
+                self._metrics.learned_sequence(job.key)
             self.counters.add("learned_tokens", len(seq))
 
     def _warn_once(self, model: str | None) -> None:

@@ -91,7 +91,10 @@ def proxy_config(upstream: str, served_model: str) -> dict[str, Any]:
                 },
             }
         ],
-        "litellm_settings": {"callbacks": "agentspec_litellm.proxy_handler_instance"},
+        # prometheus: LiteLLM serves the default registry on /metrics (the hook's metrics too)
+        "litellm_settings": {
+            "callbacks": ["agentspec_litellm.proxy_handler_instance", "prometheus"]
+        },
         "general_settings": {
             "custom_auth": "custom_auth.user_api_key_auth",
             "master_key": MASTER_KEY,
