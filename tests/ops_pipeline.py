@@ -183,8 +183,8 @@ def concrete(expr: str, rate_interval: str = "1m") -> str:
 
 
 #: Series only a vLLM server (with the plugin, on a fleet) exports: vLLM's own, and the
-#: fleet lag and compactions, which the embedded engine does not measure.
-VLLM_SERIES = ("vllm:", "agentspec_fleet_lag_seconds", "agentspec_fleet_compactions_total")
+#: fleet lag, which the embedded engine does not measure.
+VLLM_SERIES = ("vllm:", "agentspec_fleet_lag_seconds")
 
 
 def is_vllm(expr: str) -> bool:

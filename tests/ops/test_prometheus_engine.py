@@ -14,7 +14,7 @@ two scrapes that follow the run:
   pushes A answered (one shard pushed, one malformed snapshot refused);
 - every PromQL expression of docs/grafana/agentspec.json parses and returns
   series (but those of ``ops_pipeline.VLLM_SERIES``: vLLM's own ``vllm:*``
-  and the fleet lag and compactions, which only the vLLM plugin exports;
+  and the fleet lag, which only the vLLM plugin exports;
   integrations/vllm/tests/test_prometheus_vllm.py checks them), and the
   template variables list the pipeline's tenants and stages;
 - docs/prometheus/agentspec-alerts.yml loads and every rule evaluates
