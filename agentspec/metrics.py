@@ -288,6 +288,22 @@ class _Table:
     def family(self) -> Metric:
         raise NotImplementedError
 
+    def _empty(self) -> Metric:
+        raise NotImplementedError
+
+    def family_from(self, rows: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
+        """A family of ``rows`` (label values, value), read from a component's own
+        stats at scrape time: the values go through this table's caps, and rows
+        folded into one series are summed.  The table's own series are not included."""
+        merged: dict[tuple[str, ...], float] = {}
+        for labels, value in rows:
+            key = self._fold(labels)
+            merged[key] = merged.get(key, 0.0) + value
+        family = self._empty()
+        for key, value in merged.items():
+            family.add_metric(key, value)  # type: ignore[attr-defined]
+        return family
+
     def _fold(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         if len(labels) != len(self.caps):
             raise InvalidArgumentError(
@@ -331,9 +347,12 @@ class CounterTable(_Table):
         with self._lock:
             return list(self._values.items())
 
+    def _empty(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def family(self) -> CounterMetricFamily:
         """The family as ``prometheus_client`` renders it."""
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._empty()
         for labels, value in self.items():
             family.add_metric(labels, value)
         return family
@@ -382,9 +401,12 @@ class GaugeTable(_Table):
         with self._lock:
             return list(self._values.items())
 
+    def _empty(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def family(self) -> GaugeMetricFamily:
         """The family as ``prometheus_client`` renders it."""
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._empty()
         for labels, value in self.items():
             family.add_metric(labels, value)
         return family
@@ -465,19 +487,36 @@ class MetricsCollector(Collector):
 
     def __init__(self) -> None:
         self._tables: list[_Table] = []
+        self._scraped: list[_Table] = []  # rendered by callbacks (`family_from`)
         self._callbacks: list[Callable[[], Iterable[Metric]]] = []
         self._registries: list[CollectorRegistry] = []
 
     def counter(
-        self, name: str, documentation: str, labelnames: Sequence[str] = ()
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        at_scrape: bool = False,
     ) -> CounterTable:
+        """A counter table rendered at each scrape.  ``at_scrape=True``: a table whose
+        series an `on_collect` callback renders with `CounterTable.family_from` (not
+        rendered by itself; its caps still count in the overflow family)."""
         table = CounterTable(name, documentation, labelnames)
-        self._tables.append(table)
+        (self._scraped if at_scrape else self._tables).append(table)
         return table
 
-    def gauge(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> GaugeTable:
+    def gauge(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        at_scrape: bool = False,
+    ) -> GaugeTable:
+        """A gauge table (``at_scrape`` as in `counter`)."""
         table = GaugeTable(name, documentation, labelnames)
-        self._tables.append(table)
+        (self._scraped if at_scrape else self._tables).append(table)
         return table
 
     def histogram(
@@ -497,7 +536,7 @@ class MetricsCollector(Collector):
 
     def caps(self) -> list[LabelCap]:
         """Every label cap of this collector's tables."""
-        return [cap for table in self._tables for cap in table.caps]
+        return [cap for table in (*self._tables, *self._scraped) for cap in table.caps]
 
     def collect(self) -> Iterator[Metric]:
         for table in self._tables:

@@ -111,6 +111,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="embedded engine: torch threads (default: min(4, CPUs))",
     )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        default=None,
+        help="embedded engine: no Prometheus metrics and no GET /metrics (default on unless "
+        "AGENTSPEC_METRICS=0)",
+    )
     secrets_source.add_arguments(
         parser,
         "follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
@@ -152,6 +160,9 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS)
     parser.add_argument("--engine", default=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", default=argparse.SUPPRESS
+    )
     parser.add_argument("--redis", default=argparse.SUPPRESS)
     parser.add_argument("--redis-file", default=argparse.SUPPRESS)
     parser.add_argument("--fleet-tenants", default=argparse.SUPPRESS)

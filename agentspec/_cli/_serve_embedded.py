@@ -132,6 +132,7 @@ def _run_embedded(args: argparse.Namespace) -> int:
             max_spec_tokens=spec_tokens,
             max_depth=args.max_depth,
             goodput=getattr(args, "goodput", True),
+            metrics=getattr(args, "metrics", None),
             ready=_print_ready,
             **vllm_flags,
         )
@@ -171,7 +172,8 @@ def _print_ready(server: Any) -> None:
     print(
         f"agentspec serve: ready on {server.base_url} (model {names[0]}; engine embedded; "
         f"{spec}; max_model_len {engine.max_model_len}; api key "
-        f"{'required' if server.api_key or server.tenant_keys else 'none'})",
+        f"{'required' if server.api_key or server.tenant_keys else 'none'}; metrics "
+        f"{server.url + '/metrics' if engine.metrics is not None else 'off'})",
         file=sys.stderr,
         flush=True,
     )

@@ -55,6 +55,8 @@ __all__ = [
 
 #: Depth classes: 0, 1, 2-3, 4-7, 8 and deeper.
 DEPTH_CLASSES = 5
+#: Each depth class as the depths it covers.
+_DEPTH_LABELS = ("0", "1", "2-3", "4-7", "8+")
 
 
 def depth_class(depth: int) -> int:
@@ -217,6 +219,19 @@ class AcceptanceCalibrator:
     def groups(self) -> list[Hashable]:
         """The groups observed so far."""
         return list(self._counts)
+
+    def depth_errors(self) -> dict[str, float]:
+        """Per depth class ("0", "1", "2-3", "4-7", "8+") with verified tokens, over
+        every group: the mean estimated acceptance minus the observed acceptance
+        rate (> 0: the estimates are too high)."""
+        out: dict[str, float] = {}
+        for d, buckets in enumerate(self._pooled):
+            n = sum(row[0] for row in buckets)
+            if n > 0:
+                accepted = sum(row[1] for row in buckets)
+                estimated = sum(row[2] for row in buckets)
+                out[_DEPTH_LABELS[d]] = (estimated - accepted) / n
+        return out
 
     def table(self, group: Hashable) -> list[BucketStats]:
         """The buckets of ``group`` over every depth (empty ones included)."""

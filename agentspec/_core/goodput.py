@@ -443,7 +443,9 @@ class GoodputController:
         verified tokens (`StepCostModel.residuals`), the draft tokens offered to
         `trim` and kept, and per size class of the step's batch the verified
         drafts' expected accepted tokens (corrected probabilities) against the
-        accepted ones."""
+        accepted ones; ``calibration_error``: per draft depth class, the calibrator's
+        mean estimate minus the observed acceptance rate
+        (`AcceptanceCalibrator.depth_errors`)."""
         cost = self.cost
         c0, c1, c2 = cost.coefficients
         return {
@@ -468,4 +470,5 @@ class GoodputController:
                 for k, (d, t, e, a) in sorted(self._by_batch.items())
             },
             "calibration_groups": len(self.calibrator.groups()),
+            "calibration_error": self.calibrator.depth_errors(),
         }

@@ -261,14 +261,19 @@ class Speculator(_Learning, _Drafting):
         params: DraftParams | None = None,
         *,
         extra_trees: Sequence[SuffixTree] = (),
+        extra_names: Sequence[str] | None = None,
     ) -> tuple[Draft, str]:
         """`draft`, plus which tree it came from: "stage", "pipeline", "extra"
-        (one of ``extra_trees``), "local", "merged" or "none"."""
+        (one of ``extra_trees``; with ``extra_names``, one name per extra tree,
+        that tree's name), "local", "merged" or "none"."""
         req = self._request(req_id)
         own = self._request_trees(req)
         trees = self._with_extra(own, extra_trees)
         draft, index = req.cursor._draft_multi(trees, params or self._params, self._handles)
         name = self._source_name(req, own, draft, index)
+        if name == "extra" and extra_names is not None:
+            tree = trees[index]
+            name = next(n for t, n in zip(extra_trees, extra_names, strict=True) if t is tree)
         if self._goodput is not None:
             draft = _control(self._goodput, [req], [draft], None)[0]
         return draft, name
@@ -495,6 +500,19 @@ class Speculator(_Learning, _Drafting):
             "evicted_sequences": self.evicted_sequences,
             "evicted_bytes": self.evicted_bytes,
         }
+
+    def shard_sizes(self) -> dict[StageKey, tuple[int, int]]:
+        """Per stage shard its tokens and live bytes (bytes 0 without a byte
+        budget); a pipeline tree's are added under the key ``(pipeline, None)``.
+        Read without waiting (copied at once)."""
+        stages = list(self._stages.items())
+        pipelines = list(self._pipelines.items())
+        out: dict[StageKey, tuple[int, int]] = {k: (s.tokens, s.bytes) for k, s in stages}
+        for pipeline, shard in pipelines:
+            key: StageKey = (pipeline, None)
+            tokens, nbytes = out.get(key, (0, 0))
+            out[key] = (tokens + shard.tokens, nbytes + shard.bytes)
+        return out
 
     # --- shards ---------------------------------------------------------------
 

@@ -121,6 +121,9 @@ __all__ = [
 
 _log = get_logger()
 
+#: The routes that change a shard's content (counted by `ShardIntake.push_counts`).
+_PUSH_PATHS = frozenset({SNAPSHOT_PATH, DELTA_PATH, SNAPSHOT_FILE_PATH})
+
 #: Methods allowed per route.
 _ROUTES: dict[str, tuple[str, ...]] = {
     SHARDS_PATH: ("GET", "DELETE"),
@@ -207,6 +210,7 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
         self.refused = 0  # pushes refused for lack of room (507)
         self.too_large = 0  # requests refused for their size (413)
         self._extra_stats: dict[str, Callable[[], Any]] = {}
+        self._pushes: dict[tuple[str, str], int] = {}  # (result, status) -> count
 
     @property
     def vocab_size(self) -> int | None:
@@ -253,6 +257,21 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
         learned shards' memory, from the engine holding them).  Exceptions are
         logged and the entry left out."""
         self._extra_stats[name] = fn
+
+    def push_counts(self) -> dict[tuple[str, str], int]:
+        """Shard pushes answered so far (snapshot, delta and snapshot-file routes), by
+        ``(result, status)``: result ``"accepted"`` (2xx) or ``"refused"``, status the
+        answer's HTTP status as text."""
+        with self._lock:
+            return dict(self._pushes)
+
+    def count_push(self, path: str, status: int) -> None:
+        """Count one answer on ``path`` in `push_counts` (other routes are not pushes)."""
+        if path not in _PUSH_PATHS:
+            return
+        key = ("accepted" if 200 <= status < 300 else "refused", str(status))
+        with self._lock:
+            self._pushes[key] = self._pushes.get(key, 0) + 1
 
     def _list_answer(self) -> WireResponse:
         """The ``GET /v1/agentspec/shards`` answer."""
@@ -312,7 +331,13 @@ class ShardIntake(_ShardChecks, _BudgetKeeper, _SnapshotFiles):
         self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> WireResponse:
         """Answer one request (never raises for bad input: errors become answers)."""
-        method = method.upper()
+        answer = self._handle(method.upper(), path, query, headers, body)
+        self.count_push(path, answer.status)
+        return answer
+
+    def _handle(
+        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
+    ) -> WireResponse:
         early = self.precheck(method, path, headers, len(body))
         if early is not None:
             return early
@@ -590,6 +615,7 @@ def serve_shard_request(
         return
     early = intake.precheck(handler.command, path, headers, length)
     if early is not None:
+        intake.count_push(path, early.status)
         # A small body is read and dropped so that the client, still
         # sending it, gets the answer rather than a connection reset.
         unread = length is not None and length > 0

@@ -41,9 +41,11 @@ from agentspec._push.wire import DEFAULT_MAX_BODY_BYTES
 from agentspec._util.log import get_logger
 from agentspec.engine._chat import TextDecoder, max_token_bytes
 from agentspec.engine._draft_tree import prune_draft_tree
+from agentspec.engine._metrics import EngineMetrics
 from agentspec.engine._sampling import SamplingParams
 from agentspec.engine._verify import SavedPrefix, Verifier
 from agentspec.exceptions import AgentSpecError, GenerationCancelledError, InvalidArgumentError
+from agentspec.metrics import metrics_enabled
 from agentspec.protocol import DEFAULT_TENANT, ShardKey
 
 __all__ = [
@@ -100,6 +102,8 @@ class EngineOptions:
             prompt of its key (the least recently used go beyond the budget);
             0 or None: no prefix cache.  Keyed by tenant, so one tenant's
             prompts never make another's faster.
+        metrics: keep Prometheus metrics (`Engine.metrics`, served on the
+            server's ``GET /metrics``); default on unless ``AGENTSPEC_METRICS=0``.
 
     Byte budgets accept sizes such as ``"512MiB"`` and are kept as ints.
     """
@@ -118,6 +122,7 @@ class EngineOptions:
     max_tenant_shard_bytes: int | None = DEFAULT_MAX_TENANT_SHARD_BYTES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES
+    metrics: bool = field(default_factory=metrics_enabled)
 
     def __post_init__(self) -> None:
         """Validate the numbers."""
@@ -420,6 +425,13 @@ class Engine:
         # the last prompt's KV per shard key, least recently used first; used under _lock
         self._prefixes: OrderedDict[ShardKey, SavedPrefix] = OrderedDict()
         self._prefix_bytes = 0
+        #: This engine's Prometheus metrics, in a registry of its own (None: off).
+        self.metrics: EngineMetrics | None = None
+        if self.options.metrics:
+            self.metrics = EngineMetrics()
+            self.metrics.watch_engine(
+                self.goodput, lambda: dict(self._speculators), lambda: self.learned_budget.max_bytes
+            )
 
     # --- shards ---------------------------------------------------------------
 
@@ -585,6 +597,10 @@ class Engine:
         stats.prefill_s = clock() - t_start
         stats.cached_tokens = verifier.reused_tokens
         spec.start_request(rid, prompt, stage=stage, pipeline=pipeline)
+        metrics = self.metrics
+        # per request, for the metrics: steps by draft tokens accepted, drafts by source
+        runs: dict[int, int] = {}
+        sources: dict[str, int] = {}
         learn = False
         try:
             while len(out) < limit and finish == "length":
@@ -595,7 +611,7 @@ class Engine:
                 tree = None
                 t0 = clock()
                 if speculate and depth > 0:
-                    draft = self._draft(spec, rid, req.key)
+                    draft = self._draft(spec, rid, req.key, sources if metrics else None)
                     if len(draft):
                         # A shard (a pushed one above all) may hold ids this model has
                         # not: the draft params' vocab_size already ends a draft there
@@ -631,7 +647,13 @@ class Engine:
                         break
                 # Accepted draft tokens that were kept: a stop string, EOS or the
                 # length limit can cut the step's tokens short.
-                stats.accepted += min(len(kept), len(emitted) - 1)
+                accepted = min(len(kept), len(emitted) - 1)
+                stats.accepted += accepted
+                if metrics is not None:
+                    metrics.step_seconds.observe((), seconds)
+                    metrics.tokens_per_step.observe((stage or "",), len(kept))
+                    if accepted:
+                        runs[accepted] = runs.get(accepted, 0) + 1
                 out.extend(kept)
                 spec.extend(rid, kept)
                 chunk = "".join(piece)
@@ -652,22 +674,42 @@ class Engine:
             except Exception as exc:  # publishing must never fail a request
                 _log.warning("agentspec.engine.on_learned_failed", error=repr(exc)[:300])
         stats.engine_s = clock() - t_start
+        if metrics is not None:
+            metrics.record_request(
+                req.key, stats.steps, stats.drafted, stats.accepted, runs, sources
+            )
         yield Completion("".join(text), out, prompt, finish, stats)
 
-    def _draft(self, spec: Speculator, rid: int, key: ShardKey) -> Draft:
-        """The request's draft from its own shards, the shard pushed and the fleet's for ``key``."""
+    def _draft(
+        self, spec: Speculator, rid: int, key: ShardKey, sources: dict[str, int] | None = None
+    ) -> Draft:
+        """The request's draft from its own shards, the shard pushed and the fleet's for ``key``.
+
+        ``sources``: count the draft there by the tree it came from (an empty draft
+        as "none")."""
         extra: list[SuffixTree] = []
-        for source in (self._pushed_tree, self._fleet_tree):
+        names: list[str] = []
+        for name, source in (("pushed", self._pushed_tree), ("fleet", self._fleet_tree)):
             tree = source(key) if source is not None else None
             if tree is not None:
                 extra.append(tree)
-        while extra:
+                names.append(name)
+        while True:
             try:
-                return spec.draft(rid, self.draft_params, extra_trees=tuple(extra))
+                if sources is None:
+                    return spec.draft(rid, self.draft_params, extra_trees=tuple(extra))
+                draft, name = spec.draft_source(
+                    rid, self.draft_params, extra_trees=tuple(extra), extra_names=names
+                )
+                name = name if len(draft) else "none"
+                sources[name] = sources.get(name, 0) + 1
+                return draft
             except (RuntimeError, AgentSpecError) as exc:
+                if not extra:
+                    raise
                 # A delta is being applied to the pushed tree (or it was just replaced
                 # and closed), or a fleet tree has another depth: drop the last extra
                 # tree and draft from the others this step.
                 _log.debug("agentspec.engine.extra_tree_busy", key=key, error=str(exc))
                 extra.pop()
-        return spec.draft(rid, self.draft_params)
+                names.pop()

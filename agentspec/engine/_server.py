@@ -9,6 +9,8 @@ Routes:
   mounted as they are: shards a `ShardPusher` sends here are drafted from
   together with the engine's own learned shards.
 - ``GET /health`` -- 200 while serving (no authentication).
+- ``GET /metrics`` -- the engine's Prometheus metrics (`Engine.metrics`), for
+  the keys of the shard routes (below); 404 when metrics are off.
 
 Keys (see docs/engine.md, "Keys and tenants"):
 
@@ -73,6 +75,7 @@ from agentspec.engine._openai import (
     usage_chunk,
 )
 from agentspec.exceptions import InvalidArgumentError
+from agentspec.metrics import CONTENT_TYPE, metrics_enabled
 from agentspec.protocol import DEFAULT_TENANT, bearer_token, check_tenant_keys, tenant_of
 
 if TYPE_CHECKING:  # redis is only needed with a fleet
@@ -92,6 +95,9 @@ _INTERNAL_ERROR = "internal server error (see the server log)"
 
 #: The access log's status of a request whose client went away before the answer.
 _CLIENT_CLOSED = 499
+
+#: The Prometheus route (`EngineServer.metrics_access` says who may read it).
+METRICS_PATH = "/metrics"
 
 
 def default_threads() -> int:
@@ -165,6 +171,9 @@ class _Handler(TrackedRequestHandler, BaseHTTPRequestHandler):
         if path == "/health" and self.command == "GET":
             self._json(200, {"status": "ok"})
             return
+        if path == METRICS_PATH:
+            self._metrics()
+            return
         tenant = (
             owner.tenant_for(self.headers.get("Authorization")) if path.startswith("/v1/") else None
         )
@@ -185,6 +194,27 @@ class _Handler(TrackedRequestHandler, BaseHTTPRequestHandler):
             self._stream(req)
         else:
             self._complete(req)
+
+    def _metrics(self) -> None:
+        """``GET /metrics``: the engine's registry, for the keys of the shard routes."""
+        owner = self.server.owner
+        if self.command != "GET":
+            raise ApiError(405, f"{self.command} not allowed on {METRICS_PATH}")
+        refused = owner.metrics_access(self.headers.get("Authorization"))
+        if refused is not None:
+            raise refused
+        metrics = owner.engine.metrics
+        if metrics is None:
+            raise ApiError(
+                404, "metrics are off on this server (AGENTSPEC_METRICS=0 or --no-metrics)",
+                "not_found_error",
+            )  # fmt: skip
+        data = metrics.render()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     # --- bodies -----------------------------------------------------------
 
@@ -446,6 +476,9 @@ class EngineServer:
         self.fleet = fleet
         if fleet is not None:
             self.intake.add_stats("fleet", fleet.stats)
+        if engine.metrics is not None:
+            engine.metrics.watch_intake(self.intake)
+            engine.metrics.watch_fleet(fleet)
         self.created = int(time.time())
         self._httpd = _EngineHTTPServer((host, port), self.intake, _Handler)
         self._httpd.owner = self
@@ -540,6 +573,27 @@ class EngineServer:
         return ApiError(
             403, "the shard routes need the admin key, not an inference key", ErrorType.FORBIDDEN
         )
+
+    def metrics_access(self, authorization: str | None) -> ApiError | None:
+        """Why a ``GET /metrics`` with this header is refused (None: it may go on).
+
+        The metrics name every tenant's stages, so they take the keys of the shard
+        routes (`shard_access`): the admin key when there is one; with neither an
+        admin key nor a tenant map, the API key (open without one); with a tenant
+        map and no admin key they are closed (403).
+        """
+        if self.admin_key is None and self.tenant_keys is None:
+            if check_bearer(authorization, self.api_key):
+                return None
+            return ApiError(401, "missing or invalid API key", ErrorType.AUTHENTICATION)
+        if self.admin_key is not None and check_bearer(authorization, self.admin_key):
+            return None
+        try:
+            self.tenant_for(authorization)
+        except ApiError as err:
+            return err
+        why = "" if self.admin_key else " (agentspec serve --admin-key); this server has none"
+        return ApiError(403, f"{METRICS_PATH} needs the admin key{why}", ErrorType.FORBIDDEN)
 
     @property
     def url(self) -> str:
@@ -657,6 +711,7 @@ def run_engine_server(
     max_depth: int | None = None,
     goodput: bool = True,
     ready: Callable[[EngineServer], object] | None = None,
+    metrics: bool | None = None,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -689,6 +744,8 @@ def run_engine_server(
         max_depth: depth of the shard trees (default: `EngineOptions`'s).
         ready: called with the server once its socket listens, just before
             it serves (``agentspec serve`` prints its ready line there).
+        metrics: serve Prometheus metrics on ``GET /metrics`` (default: on
+            unless ``AGENTSPEC_METRICS=0``).
 
     Raises:
         agentspec.exceptions.ListenError: ``host:port`` cannot be listened on
@@ -713,6 +770,7 @@ def run_engine_server(
         names = tuple(served_model_name) or (str(model),)
     if str(model).lower() in MODEL_ALIASES:
         names += tuple(sorted({DEFAULT_MODEL, *MODEL_ALIASES} - set(names)))
+    depth: dict[str, Any] = {} if max_depth is None else {"max_depth": max_depth}
     options = EngineOptions(
         max_model_len=max_model_len,
         default_max_tokens=default_max_tokens,
@@ -722,7 +780,8 @@ def run_engine_server(
         draft_params=None
         if max_spec_tokens is None
         else DraftParams.confident(max_spec_tokens=max_spec_tokens),
-        **({} if max_depth is None else {"max_depth": max_depth}),
+        metrics=metrics_enabled() if metrics is None else metrics,
+        **depth,
         **dict(budgets or {}),
     )
     fleet = None

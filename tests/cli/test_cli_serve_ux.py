@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,7 +84,7 @@ def test_embedded_engine_refuses_vllm_only_flags(
 
 @pytest.mark.parametrize(
     "flag",
-    [["--threads", "2"], ["--admin-key", "adm"], ["--fleet-tenants", "a"]],
+    [["--threads", "2"], ["--admin-key", "adm"], ["--fleet-tenants", "a"], ["--no-metrics"]],
 )
 def test_vllm_refuses_embedded_only_flags(tmp_path: Path, flag: list[str]) -> None:
     args = serve_args([str(tmp_path), *flag, "--engine", "vllm", "--dry-run"])
@@ -398,7 +399,8 @@ def test_serve_prints_a_ready_line_then_one_access_line_per_request(
     assert url.endswith("/v1")
     assert int(url.rsplit(":", 1)[1].split("/")[0]) > 0  # port 0: the real port is shown
     assert "(model tiny; engine embedded; speculation on: chain drafts of up to 5 tokens" in ready
-    assert "depth 16, goodput control on; max_model_len 128; api key none)" in ready
+    assert "depth 16, goodput control on; max_model_len 128; api key none; metrics " in ready
+    assert ready.endswith(f"; metrics {url[: -len('/v1')]}/metrics)")
     # listening as soon as the line is printed
     with urllib.request.urlopen(url + "/models", timeout=30) as resp:
         models = json.loads(resp.read())
@@ -416,19 +418,26 @@ def test_serve_prints_a_ready_line_then_one_access_line_per_request(
     assert f"completion_tokens={usage['completion_tokens']} " in access
     assert f"steps={answer['agentspec']['steps']} " in access
     assert " ms=" in access
+    with urllib.request.urlopen(url[: -len("/v1")] + "/metrics", timeout=30) as resp:
+        assert b"\nagentspec_requests_total{" in resp.read()
 
 
 def test_log_level_warning_hides_the_access_log(tiny_model: Path, served: list[Served]) -> None:
     srv = Served(
         [
             *[str(tiny_model), "--engine", "embedded", "--port", "0", "--threads", "1"],
-            *["--log-level", "warning", "--served-model-name", "tiny"],
+            *["--log-level", "warning", "--served-model-name", "tiny", "--no-metrics"],
         ]
     )
     served.append(srv)
     ready = srv.wait_for(READY)
+    assert ready.endswith("; metrics off)")
     url = ready.split(READY, 1)[1].split(" ", 1)[0]
     chat(url, max_tokens=2)
+    with pytest.raises(urllib.error.HTTPError) as off:
+        urllib.request.urlopen(url[: -len("/v1")] + "/metrics", timeout=30)
+    assert off.value.code == 404
+    off.value.close()
     srv.stop()
     rest = []
     while (line := srv.lines.get(timeout=30)) is not None:

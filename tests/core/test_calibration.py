@@ -133,3 +133,16 @@ def test_correct_all_equals_correct_everywhere_and_honours_a_subclass_rule():
             return 0.5 * p
 
     assert Halved().correct_all("g", [0.8, 0.4], [0, 3]) == [0.4, 0.2]
+
+
+def test_depth_errors_are_estimate_minus_observed_per_depth_class() -> None:
+    cal = AcceptanceCalibrator()
+    assert cal.depth_errors() == {}
+    for _ in range(10):  # depth 0 estimated 0.9, always accepted; depth 1 at 0.5, never
+        cal.observe_outcomes("g", [(0.9, True), (0.5, False)])
+    errors = cal.depth_errors()
+    assert set(errors) == {"0", "1"}
+    assert errors["0"] == pytest.approx(0.9 - 1.0)
+    assert errors["1"] == pytest.approx(0.5 - 0.0)
+    cal.observe_outcomes("h", [(0.4, True)] * 9, depths=[0, 1, 2, 3, 4, 7, 8, 20, 64])
+    assert set(cal.depth_errors()) == {"0", "1", "2-3", "4-7", "8+"}

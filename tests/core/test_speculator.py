@@ -534,3 +534,29 @@ def test_integer_arguments_refuse_bool_and_non_integers(value: object) -> None:
         spec.start_request("b", [1, 2, 3])
         with pytest.raises(TypeError, match=rf"^caps\[0\] must be an int, not {name}$"):
             spec.draft_batch(["a", "b"], caps=[value, 1])  # type: ignore[list-item]
+
+
+def test_draft_source_names_the_extra_tree_and_shard_sizes_are_per_key() -> None:
+    """With extra_names a draft from an extra tree is named by it; shard_sizes per key."""
+    with Speculator(16, local_tree=False, cold_tokens=0, params=PARAMS) as spec:
+        run(spec, "a", [0], [1, 2, 3, 4], "SQL")
+        pushed, fleet = SuffixTree(16), SuffixTree(16)
+        pushed.add(1, [5, 6, 40, 41, 42])
+        fleet.add(1, [7, 8, 50, 51, 52])
+        try:
+            for context, name in (([5, 6], "pushed"), ([7, 8], "fleet")):
+                spec.start_request("q", context, stage="SQL", pipeline="p")
+                draft, role = spec.draft_source(
+                    "q", extra_trees=(pushed, fleet), extra_names=("pushed", "fleet")
+                )
+                assert role == name
+                assert len(draft) > 0
+                _, plain = spec.draft_source("q", extra_trees=(pushed, fleet))
+                assert plain == "extra"
+                spec.finish("q", learn=False)
+        finally:
+            pushed.close()
+            fleet.close()
+        sizes = spec.shard_sizes()
+        assert set(sizes) == {("p", "SQL")}
+        assert sizes["p", "SQL"][0] == 5  # the prompt's lead token and the response

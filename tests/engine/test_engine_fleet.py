@@ -14,14 +14,17 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+from collections import defaultdict
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer, requires_redis_server
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from agentspec import metrics as m  # noqa: E402
 from agentspec._fleet.config import FleetConfig  # noqa: E402
 from agentspec._fleet.functions import load_library  # noqa: E402
 from agentspec._fleet.names import FleetKeys, tenant_acl_rules  # noqa: E402
@@ -58,6 +61,18 @@ def _chat(srv: EngineServer, *, speculate: bool = True, request_id: str | None =
         return obj
     finally:
         conn.close()
+
+
+def _metrics(srv: EngineServer) -> dict[tuple[str, str, str], float]:
+    """The server's metrics by (sample name, stage, source or kind), summed over the rest."""
+    out: dict[tuple[str, str, str], float] = defaultdict(float)
+    assert srv.engine.metrics is not None
+    for family in text_string_to_metric_families(srv.engine.metrics.render().decode()):
+        for sample in family.samples:
+            labels = sample.labels
+            key = (labels.get("stage", ""), labels.get("source", labels.get("kind", "")))
+            out[(sample.name, *key)] += sample.value
+    return out
 
 
 def _tokens(obj: Any) -> list[int]:
@@ -106,6 +121,13 @@ def test_a_response_learned_by_one_engine_drafts_on_another(model_tok, caplog) -
             on_b = _chat(b)
             assert _tokens(on_b) == _tokens(base)
             assert on_b["agentspec"]["accepted"] > 0
+            # ... which B's metrics show: drafts from the fleet, its shard, A's publish
+            got = _metrics(b)
+            assert got[m.DRAFTS_TOTAL, "sql", "fleet"] >= 1
+            assert got[m.FLEET_APPLIED_TOTAL, "", ""] >= 1
+            assert got[m.SHARDS, "", "fleet"] == 1
+            assert got[m.SHARD_TOKENS, "sql", "fleet"] > 0
+            assert _metrics(a)[m.FLEET_PUBLISHED_TOTAL, "", ""] >= 1
             # A fresh engine without the fleet accepts fewer on the same prompt.
             on_fresh = _chat(fresh)
             assert _tokens(on_fresh) == _tokens(base)

@@ -584,3 +584,17 @@ def test_integer_arguments_refuse_bool_and_non_integers(value):
     for kw in ("max_depth", "max_body_bytes"):
         with pytest.raises(TypeError, match=f"^{kw} must be an int, not {name}$"):
             ShardIntake(**{kw: value})
+
+
+def test_push_counts_by_result_and_status():
+    intake = ShardIntake(api_key="sekrit")
+    ok = {**SHARD, "authorization": "Bearer sekrit"}
+    assert put(intake, source_tree(1).to_bytes(), headers=ok).status == 200
+    assert put(intake, source_tree(1).to_bytes(), headers=SHARD).status == 401
+    assert put(intake, b"junk", headers=ok).status == 400
+    assert intake.handle("GET", SHARDS_PATH, "", ok, b"").status == 200  # not a push
+    assert intake.push_counts() == {
+        ("accepted", "200"): 1,
+        ("refused", "401"): 1,
+        ("refused", "400"): 1,
+    }
