@@ -9,11 +9,11 @@ one line per run on stdout (``TRACE<TAB>EXTRA ARGS``) for the script to read.
 Traces, first match wins:
 
 1. ``--trace``: trace files given by the user (comma-separated), e.g. traces
-   recorded from their own agents (``AgentSpecClient(trace_path=...)``), each run with
-   bench_vllm.py's defaults;
+   recorded from their own agents (``AgentSpecClient(trace_path=...)``), each at
+   concurrency 1, 8 and 32 and bench_vllm.py's other defaults;
 2. ``--traces DIR`` holding ``spider-sql.dev.jsonl.gz`` and
-   ``swe-gemini3pro.dev.jsonl.gz`` (the development traces), the second with
-   long-prompt settings;
+   ``swe-gemini3pro.dev.jsonl.gz`` (the development traces), at concurrency 1, 8
+   and 32, the second with long-prompt settings;
 3. otherwise the built-in prompts: the Classify and Extract prompts of the
    demo's twelve built-in questions (`agentspec.demo.DEMO_PROMPTS`), 24
    prompt-only records and no model outputs, written by ``builtin-trace``. That
@@ -62,8 +62,10 @@ ALL_METHODS = (
     "agentspec-pushed",
 )
 DEVELOPMENT_TRACES = ("spider-sql.dev.jsonl.gz", "swe-gemini3pro.dev.jsonl.gz")
+#: The levels of a run on real traces (the user's arguments come after and win).
+LEVELS_ARGS = ("--concurrency", "1,8,32")
 #: What the long agent prompts of swe-gemini3pro need.
-LONG_PROMPT_ARGS = ("--max-prompt-chars", "12000", "--max-model-len", "4096")
+LONG_PROMPT_ARGS = (*LEVELS_ARGS, "--max-prompt-chars", "12000", "--max-model-len", "4096")
 #: The built-in trace's 24 prompts: 8 for warm-up, 8 at c=1, 8 at c=8.
 BUILTIN_ARGS = (
     "--warmup-sessions",
@@ -103,12 +105,12 @@ def find_runs(trace: str | None, traces_dir: str | None, builtin: str) -> list[R
         missing = [f for f in files if not Path(f).is_file()]
         if missing:
             raise FileNotFoundError(f"trace not found: {', '.join(missing)}")
-        return [Run(f, (), None) for f in files]
+        return [Run(f, LEVELS_ARGS, None) for f in files]
     if traces_dir:
         d = Path(traces_dir)
         if all((d / name).is_file() for name in DEVELOPMENT_TRACES):
             return [
-                Run(str(d / DEVELOPMENT_TRACES[0]), (), None),
+                Run(str(d / DEVELOPMENT_TRACES[0]), LEVELS_ARGS, None),
                 Run(str(d / DEVELOPMENT_TRACES[1]), LONG_PROMPT_ARGS, None),
             ]
     return [Run(builtin, BUILTIN_ARGS, BUILTIN_RECORDS)]

@@ -78,7 +78,7 @@ def test_the_users_traces_come_first(tmp_path: Path) -> None:
     proc = _dry_run(tmp_path, "--rounds", "2", TRACE=f"{a},{b}", GPU_MEMORY_MIB="81559")
     assert proc.returncode == 0, proc.stderr
     runs = [line for line in proc.stdout.splitlines() if ".jsonl" in line]
-    assert runs == [str(a), str(b)]
+    assert runs == [f"{a} --concurrency 1,8,32", f"{b} --concurrency 1,8,32"]
     assert "36 server starts" in proc.stderr  # 9 methods x 2 rounds x 2 traces
 
 
@@ -95,9 +95,10 @@ def test_the_development_traces_when_a_folder_has_them(tmp_path: Path) -> None:
     proc = _dry_run(tmp_path, TRACES=str(d))
     assert proc.returncode == 0, proc.stderr
     runs = [line for line in proc.stdout.splitlines() if ".jsonl" in line]
-    assert runs[0].endswith("spider-sql.dev.jsonl.gz")
+    assert runs[0].endswith("spider-sql.dev.jsonl.gz --concurrency 1,8,32")
     assert runs[1].endswith(
-        "swe-gemini3pro.dev.jsonl.gz --max-prompt-chars 12000 --max-model-len 4096"
+        "swe-gemini3pro.dev.jsonl.gz --concurrency 1,8,32 --max-prompt-chars 12000 "
+        "--max-model-len 4096"
     )
 
 
