@@ -319,13 +319,23 @@ def same_as_none(results: list[Result]) -> dict[int, tuple[int, int, dict[str, i
 
 
 def load_prompts(path: Path, max_chars: int) -> list[list[Prompt]]:
-    """Per session, its requests (prompts over ``max_chars`` characters are left out)."""
+    """Per session, its requests (prompts over ``max_chars`` characters are left out).
+
+    A record whose ``meta.prompt_only`` is true is one request: all its messages
+    (worked examples in assistant turns included) are the prompt, and it holds no
+    response (the built-in trace of ``benchmarks/_cuda_plan.py``).
+    """
     sessions = []
     with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         for line in f:
             rec = json.loads(line)
             history: list[dict[str, str]] = []
             prompts = []
+            if (rec.get("meta") or {}).get("prompt_only"):
+                msgs = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
+                if sum(len(m["content"]) for m in msgs) <= max_chars:
+                    sessions.append([Prompt(msgs, str(rec.get("stage") or "default")[:128])])
+                continue
             for msg in rec["messages"]:
                 if msg["role"] == "assistant":
                     stage = msg.get("stage") or rec.get("stage") or "default"

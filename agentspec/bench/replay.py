@@ -18,13 +18,13 @@ acceptance rate (accepted / drafted), drafted tokens per step, drafting µs per
 call (p50/p99), update µs per token, memory, and each method's MAT as a
 fraction of the oracle's (the ceiling for copy-based drafting, see
 `agentspec.bench.oracle`).
-
-This module holds the replay loop, its summaries, tables and command line;
-trace loading lives in `agentspec.bench._trace`, the drafting methods in
-`agentspec.bench._methods`, what every bench command shares (options, the
-``run_cli`` opening `cli_start`, outputs, table formatting, progress) in
-`agentspec.bench._common`.
 """
+
+# This module holds the replay loop, its summaries, tables and command line;
+# trace loading lives in `agentspec.bench._trace`, the drafting methods in
+# `agentspec.bench._methods`, what every bench command shares (options, the
+# ``run_cli`` opening `cli_start`, outputs, table formatting, progress) in
+# `agentspec.bench._common`.
 
 from __future__ import annotations
 
