@@ -16,11 +16,11 @@ import json
 import logging
 from typing import Any
 
-import pytest
+from prereq import require_module
 from redis_server import RedisServer, requires_redis_server
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from agentspec._fleet.config import FleetConfig  # noqa: E402
 from agentspec._fleet.functions import load_library  # noqa: E402
