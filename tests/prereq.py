@@ -21,7 +21,9 @@ an importable module and `require_shared` / `requires_shared` for files under
 prerequisites: they stay plain ``skipif`` marks.
 
 This module is also a pytest plugin (the conftests load it): under CI the mark
-`requires` gives to a missing prerequisite fails the test at setup.
+`requires` gives to a missing prerequisite fails the test at setup.  The
+integration suites' conftests import it before loading it as a plugin, so pytest
+must not rewrite its asserts (it has none): PYTEST_DONT_REWRITE.
 """
 
 from __future__ import annotations
