@@ -1,11 +1,15 @@
-"""pytest configuration shared by all tests: the `slow` marker.
+"""pytest configuration shared by all tests: the `slow` marker, the prerequisite rule.
 
-The real model fixture (`model_tok`) is in tests/engine/conftest.py, where it is used.
+The rule for a missing prerequisite (skip outside CI, fail under it) is the
+plugin `prereq` (tests/prereq.py).  The real model fixture (`model_tok`) is in
+tests/engine/conftest.py, where it is used.
 """
 
 from __future__ import annotations
 
 import pytest
+
+pytest_plugins = ["prereq"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-import pytest
-from redis_server import _IN_CI, REDIS_SERVER, RedisServer, redis
+from prereq import requires
+from redis_server import REDIS_SERVER, RedisServer, redis
 
 REDIS_CLI = shutil.which("redis-cli")
 
-requires_redis_cluster = pytest.mark.skipif(
-    (REDIS_SERVER is None or REDIS_CLI is None) and not _IN_CI,
-    reason="redis-server or redis-cli is not installed (apt-get install redis-server redis-tools)",
+requires_redis_cluster = requires(
+    REDIS_SERVER is not None and REDIS_CLI is not None,
+    "redis-server or redis-cli is not installed (apt-get install redis-server redis-tools)",
 )
 
 #: How often a wait polls its condition (the conditions are cheap CLUSTER INFO reads).

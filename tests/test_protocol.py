@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from prereq import require_module
 
 import agentspec
 from agentspec import protocol
@@ -36,7 +37,7 @@ def test_one_shard_key() -> None:
 
 
 def test_the_engine_default_key_is_the_default_tenant() -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     from agentspec.engine._engine import GenerationRequest
 
     field = GenerationRequest.__dataclass_fields__["key"]

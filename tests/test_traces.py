@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prereq import require_shared, shared
 
 from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 from agentspec.traces import (
@@ -22,7 +23,7 @@ from agentspec.traces import (
     write_traces,
 )
 
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces"
+TRACES = shared("traces")
 SPIDER = TRACES / "spider-sql.dev.jsonl.gz"
 SWE = TRACES / "swe-gemini3pro.dev.jsonl.gz"
 
@@ -112,8 +113,7 @@ def test_lone_surrogate_survives_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize("trace", [SPIDER, SWE], ids=["spider", "swe"])
 def test_real_trace_file_round_trips_byte_for_byte(tmp_path: Path, trace: Path) -> None:
     """Reading a shipped trace and writing it back reproduces its decompressed bytes."""
-    if not trace.is_file():
-        pytest.skip(f"{trace} not found")
+    require_shared(trace)
     out = tmp_path / "copy.jsonl"
     n = write_traces(out, read_traces(trace))
     original = gzip.decompress(trace.read_bytes())

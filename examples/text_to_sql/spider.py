@@ -1,6 +1,7 @@
 """Spider questions from the trace file, and SQLite databases built from their schemas.
 
-The Spider trace (``spider-sql.dev.jsonl.gz``, see ``/work/shared/data/README.md``)
+The Spider trace (``spider-sql.dev.jsonl.gz`` of the development data, ``shared/data``
+beside the checkout; its format is in ``shared/data/README.md``)
 holds one record per dev question: the user message is the database schema as
 ``CREATE TABLE`` statements, a blank line and ``Question: <text>``; ``meta``
 names the ``db_id``; the three assistant messages are other systems' SQL.
@@ -20,6 +21,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 from agentspec.traces import TraceRecord, read_traces
@@ -38,8 +40,11 @@ __all__ = [
     "split_statements",
 ]
 
-#: Where the development data keeps the Spider trace.
-DEFAULT_TRACE = "/work/shared/data/traces/spider-sql.dev.jsonl.gz"
+#: Where the development data keeps the Spider trace: ``../shared/data`` beside the checkout
+#: (``python -m examples.text_to_sql --data PATH`` reads another file).
+DEFAULT_TRACE = str(
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
+)
 
 _QUESTION_MARK = "\n\nQuestion: "
 _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prereq import requires_shared, shared
 
 from agentspec.__main__ import main
 from agentspec.bench.budget import (
@@ -24,13 +25,11 @@ from agentspec.bench.budget import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
-needs_data = pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()), reason="traces/tokenizer not under ../shared"
-)
+needs_data = requires_shared(SPIDER, TOKENIZER)
 
 
 def test_envelope_keeps_the_best_mat_at_each_budget_or_below():

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from prereq import require_module, requires_shared, shared
 
 from agentspec.__main__ import main
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
-pytestmark = pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()), reason="traces/tokenizer not under ../shared"
-)
+pytestmark = requires_shared(SPIDER, TOKENIZER)
 
 
 def _ece(buckets: list[dict]) -> float:
@@ -24,7 +22,7 @@ def _ece(buckets: list[dict]) -> float:
 
 
 def test_cli_report_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("tokenizers")
+    require_module("tokenizers")
     out = tmp_path / "c.json"
     plots = tmp_path / "plots"
     argv = ["bench", "calibration", str(SPIDER), "--max-sessions", "120", "--quiet"]

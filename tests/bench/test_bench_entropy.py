@@ -9,12 +9,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from prereq import require_module, requires_shared, shared
 
 from agentspec.__main__ import main
 from agentspec.bench.entropy import child_entropy
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
@@ -92,12 +93,10 @@ def test_bad_input():
     assert child_entropy([[4]]).entropy_bits is None
 
 
-@pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()), reason="traces/tokenizer not under ../shared"
-)
+@requires_shared(SPIDER, TOKENIZER)
 def test_cli_on_spider(tmp_path, capsys):
     """`agentspec bench entropy` reports every stage plus the whole file, in JSON and a table."""
-    pytest.importorskip("tokenizers")
+    require_module("tokenizers")
     out = tmp_path / "e.json"
     rc = main(["bench", "entropy", str(SPIDER), "--max-sessions", "40", "--json", str(out)])
     assert rc == 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prereq import requires_shared, shared
 
 from agentspec import confidence_table
 from agentspec.__main__ import main
@@ -31,7 +32,7 @@ from agentspec.bench.evidence import (
 from agentspec.bench.plots import pyplot
 from agentspec.bench.replay import ReplayConfig, Request, TraceData
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
@@ -235,7 +236,7 @@ def test_fit_rejects_bad_cells(cells):
         fit_confidence(cells)
 
 
-@pytest.mark.skipif(not SPIDER.is_file() or not TOKENIZER.is_file(), reason="needs ../shared")
+@requires_shared(SPIDER, TOKENIZER)
 def test_cli_spider_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "evidence.json"
     argv = ["bench", "evidence", str(SPIDER), str(SPIDER), "--max-sessions", "30"]

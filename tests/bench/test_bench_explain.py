@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prereq import require_module, requires_shared, shared
 
 from agentspec.__main__ import main
 from agentspec.bench.explain import CLASSES, explain_trace
 from agentspec.bench.replay import ReplayConfig, Request, TraceData
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
@@ -165,15 +166,12 @@ def test_no_win_when_the_drafter_matches_the_oracle():
     assert _explain([(P, resp)], [(P, resp)]) == []
 
 
-needs_shared = pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()),
-    reason="../shared/data (traces and tokenizer) is not present",
-)
+needs_shared = requires_shared(SPIDER, TOKENIZER)
 
 
 @needs_shared
 def test_real_slice_cli_json_and_replay_agree(tmp_path, capsys):
-    pytest.importorskip("tokenizers")
+    require_module("tokenizers")
     out = tmp_path / "x.json"
     argv = ["bench", "explain", str(SPIDER), "--max-sessions", "40", "--quiet"]
     assert main([*argv, "--json", str(out)]) == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prereq import requires_shared, shared
 
 from agentspec.__main__ import main
 from agentspec.bench.fleet import (
@@ -36,13 +37,11 @@ from agentspec.bench.replay import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
-needs_data = pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()), reason="traces/tokenizer not under ../shared"
-)
+needs_data = requires_shared(SPIDER, TOKENIZER)
 
 CFG = ReplayConfig()
 

@@ -16,20 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prereq import require_module, requires_shared, shared
 from redis_server import requires_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "bench_fleet.py"
-SPIDER = REPO.parent / "shared" / "data" / "traces" / "spider-sql.dev.jsonl.gz"
-QWEN3 = REPO.parent / "shared" / "data" / "tokenizers" / "qwen3" / "tokenizer.json"
+SPIDER = shared("traces", "spider-sql.dev.jsonl.gz")
+QWEN3 = shared("tokenizers", "qwen3", "tokenizer.json")
 
-pytestmark = [
-    requires_redis_server,
-    pytest.mark.skipif(
-        not (SPIDER.is_file() and QWEN3.is_file()),
-        reason="the Spider trace / Qwen3 tokenizer are not under ../shared",
-    ),
-]
+pytestmark = [requires_redis_server, requires_shared(SPIDER, QWEN3)]
 
 
 def _run(tmp_path: Path, *args: str, timeout: float) -> dict[str, Any]:
@@ -96,8 +91,8 @@ def test_lag_and_memory_phases(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_kill_restart_phase(tmp_path: Path) -> None:
     """Phase b alone: a two-question fleet run, one replica SIGKILLed and restarted."""
-    pytest.importorskip("torch")
-    pytest.importorskip("openai")
+    require_module("torch")
+    require_module("openai")
     from agentspec.models import ensure_default_model
 
     ensure_default_model()  # fetched once here (as the engine tests do), not by three replicas

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereq import require_module, require_shared, requires_shared
 
-pytest.importorskip("tokenizers")
-pytest.importorskip("psutil")
+require_module("tokenizers")
+require_module("psutil")
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # benchmarks/ is not a package on the default test path
@@ -33,10 +34,7 @@ from benchmarks._traces import (  # noqa: E402
 SPIDER = DEFAULT_TRACE_DIR / "spider-sql.dev.jsonl.gz"
 SWE = DEFAULT_TRACE_DIR / "swe-gemini3pro.dev.jsonl.gz"
 
-pytestmark = pytest.mark.skipif(
-    not (SPIDER.is_file() and DEFAULT_TOKENIZER.is_file()),
-    reason="real traces/tokenizer not found under ../shared",
-)
+pytestmark = requires_shared(SPIDER, DEFAULT_TOKENIZER)
 
 
 def _chatml(messages: list[dict[str, str]]) -> str:
@@ -46,8 +44,7 @@ def _chatml(messages: list[dict[str, str]]) -> str:
 @pytest.mark.parametrize("trace", [SPIDER, SWE], ids=["spider", "swe"])
 def test_prompts_equal_whole_chatml_tokenization(trace: Path) -> None:
     """Per-message ids concatenated equal tokenizing the whole rendered ChatML prompt."""
-    if not trace.is_file():
-        pytest.skip(f"{trace} not found")
+    require_shared(trace)
     tok = load_tokenizer()
     ts = load_traces(trace, tok, max_sessions=2)
     with gzip.open(trace, "rt", encoding="utf-8") as fh:

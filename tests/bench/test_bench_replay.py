@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prereq import require_module, require_shared, requires_shared, shared
 
 from agentspec.__main__ import main
 from agentspec.bench.oracle import Oracle, longest_seen_prefix
@@ -21,14 +22,12 @@ from agentspec.bench.replay import METHODS, ReplayConfig, load_trace, run, shard
 from agentspec.traces import Message, TraceRecord, write_traces
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = shared()
 SPIDER = SHARED / "traces" / "spider-sql.dev.jsonl.gz"
 SWE = SHARED / "traces" / "swe-gemini3pro.dev.jsonl.gz"
 TOKENIZER = SHARED / "tokenizers" / "qwen3" / "tokenizer.json"
 
-needs_data = pytest.mark.skipif(
-    not (SPIDER.is_file() and TOKENIZER.is_file()), reason="traces/tokenizer not under ../shared"
-)
+needs_data = requires_shared(SPIDER, TOKENIZER)
 
 
 def _occurs(x: list[int], seqs: list[list[int]]) -> bool:
@@ -163,7 +162,7 @@ def _check_invariants(file_res: dict) -> None:
 @needs_data
 def test_cli_smoke_on_spider(tmp_path, capsys):
     """A 30-session spider replay of every method: table, JSON and plots, all invariants hold."""
-    pytest.importorskip("tokenizers")
+    require_module("tokenizers")
     out = tmp_path / "r.json"
     plots = tmp_path / "plots"
     rc = main(
@@ -221,13 +220,12 @@ def test_cli_smoke_on_spider(tmp_path, capsys):
 @pytest.mark.parametrize("trace", [SPIDER, SWE], ids=["spider", "swe"])
 def test_prompts_equal_whole_chatml_tokenization(trace):
     """Per-session cached prompt ids equal `agentspec.chat.chatml_prompt_ids` of each request."""
-    pytest.importorskip("jinja2")
+    require_module("jinja2")
     from agentspec.bench.replay import load_tokenizer
     from agentspec.chat import chatml_prompt_ids
     from agentspec.traces import read_traces
 
-    if not trace.is_file():
-        pytest.skip(f"{trace} not found")
+    require_shared(trace)
     tok = load_tokenizer(TOKENIZER)
     data = load_trace(trace, tok, max_sessions=2)
     reqs = [r for rec in read_traces(trace, max_sessions=2) for r in rec.requests()]

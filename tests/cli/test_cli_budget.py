@@ -15,6 +15,7 @@ import socket
 from typing import Any
 
 import pytest
+from prereq import require_module
 
 from agentspec._cli import vllm as cli_vllm
 from agentspec.exceptions import InvalidArgumentError
@@ -113,8 +114,8 @@ def test_serve_embedded_budgets_reach_the_engine(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole path: flags -> run_engine_server -> EngineOptions -> intake and speculators."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     import agentspec.models
     from agentspec.engine import EngineServer, GenerationRequest
     from agentspec.models import ensure_default_model

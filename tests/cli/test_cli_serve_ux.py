@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prereq import missing, require_module
 
 from agentspec.__main__ import build_parser, main
 from agentspec._cli import vllm as cli_vllm
@@ -262,14 +263,14 @@ def test_cli_logging_renders_fields_and_is_removed_afterwards() -> None:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with the default model's tokenizer, as an HF folder."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     from agentspec.models import ModelDownloadError, ensure_default_model
 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_default_model())
     except ModelDownloadError as exc:
-        pytest.skip(f"no default model (its tokenizer) here: {exc}")
+        missing(f"no default model (its tokenizer) here: {exc}")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=len(tokenizer),

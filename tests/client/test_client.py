@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from pathlib import Path
 
 import numpy as np
 import openai
@@ -23,6 +22,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from openai_server import OpenAIServer, reply_text, token_ids
+from prereq import require_module, require_shared, shared
 
 import agentspec._client.tags as tags_mod
 from agentspec._client.client import AgentSpecClient, AsyncAgentSpecClient, ClientOptions
@@ -32,9 +32,7 @@ from agentspec._store.store import ShardStore
 from agentspec.exceptions import InvalidArgumentError
 from agentspec.traces import Message, read_traces
 
-TOKENIZER_DIR = Path("/work/shared/data/tokenizers/qwen3")
-if not TOKENIZER_DIR.is_dir():  # the repository copy of the shared data, when present
-    TOKENIZER_DIR = Path(__file__).resolve().parents[3] / "shared/data/tokenizers/qwen3"
+TOKENIZER_DIR = shared("tokenizers", "qwen3")
 
 APIS = ("chat", "completions", "responses")
 RESULT_TYPE = {"chat": ChatCompletion, "completions": Completion, "responses": Response}
@@ -57,9 +55,8 @@ def store():
 
 @pytest.fixture(scope="module")
 def qwen():
-    tokenizers = pytest.importorskip("tokenizers")
-    if not (TOKENIZER_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"no tokenizer at {TOKENIZER_DIR}")
+    tokenizers = require_module("tokenizers")
+    require_shared(TOKENIZER_DIR / "tokenizer.json")
     return tokenizers.Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
 
 

@@ -21,7 +21,7 @@ DEPTH = 8
 P = [1, 2, 3, 9, 1, 2]
 
 # arctic_inference.suffix_decoding.SuffixDecodingCache 0.3.0, as documented in
-# /work/shared/notes/arctic-reference.md section 2.1: (name, default) per parameter.
+# ../shared/notes/arctic-reference.md section 2.1: (name, default) per parameter.
 _EMPTY = inspect.Parameter.empty
 ARCTIC_METHODS: dict[str, list[tuple[str, object]]] = {
     "__init__": [("max_tree_depth", 64), ("max_cached_requests", -1)],

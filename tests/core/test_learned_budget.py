@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prereq import require_module
 
 from agentspec import Speculator, SuffixTree
 from agentspec._core.budget import LearnedBudget, live_bytes
@@ -143,8 +144,8 @@ def test_bad_budget_arguments() -> None:
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Any, Any]:
     """A one-layer random Llama (vocabulary 512) and SmolLM2's tokenizer: fast requests."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     from agentspec.models import ensure_default_model
 
     torch.manual_seed(0)

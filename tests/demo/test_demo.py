@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prereq import missing, require_module
 
 from agentspec._cli import demo as cli_demo
 from agentspec.demo import (
@@ -722,14 +723,14 @@ def test_demo_prompts_build_chats_for_every_stage():
 
 @pytest.mark.slow
 def test_real_run_on_the_embedded_engine(tmp_path, capsys):
-    pytest.importorskip("torch", reason="the embedded engine needs torch (agentspec[local])")
-    pytest.importorskip("transformers", reason="the embedded engine needs transformers")
+    require_module("torch", reason="the embedded engine needs torch (agentspec[local])")
+    require_module("transformers", reason="the embedded engine needs transformers")
     from agentspec.models import ModelDownloadError, ensure_default_model
 
     try:
         ensure_default_model()
     except ModelDownloadError as exc:
-        pytest.skip(f"cannot download the default model here: {exc}")
+        missing(f"cannot download the default model here: {exc}")
     argv = ["-n", "1", "--builtin", "--out", str(tmp_path), "--quiet", "--threads", "2"]
     assert cli_demo.run_cli(parse(argv)) == 0
     out = capsys.readouterr().out

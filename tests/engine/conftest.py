@@ -12,21 +12,27 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prereq import missing, require_module
 
 
 @pytest.fixture(scope="module")
 def model_tok() -> tuple[Any, Any]:
     """The default model (SmolLM2-135M) and its tokenizer, loaded once per test module.
 
-    Skips without torch or transformers.  One torch thread: the test machines'
-    cores are shared, and OpenMP oversubscription makes every step slower.
+    Without torch, transformers or the model's download: a skip, a failure under CI
+    (tests/prereq.py).  One torch thread: the test machines' cores are shared, and
+    OpenMP oversubscription makes every step slower.
     """
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from agentspec.models import ensure_default_model, load_model
+    torch = require_module("torch")
+    require_module("transformers")
+    from agentspec.models import ModelDownloadError, ensure_default_model, load_model
 
     torch.set_num_threads(1)
-    return load_model(ensure_default_model())
+    try:
+        path = ensure_default_model()
+    except ModelDownloadError as exc:
+        missing(f"cannot download the default model here: {exc}")
+    return load_model(path)
 
 
 @pytest.fixture(scope="module")

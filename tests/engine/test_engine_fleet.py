@@ -17,12 +17,12 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-import pytest
+from prereq import require_module
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer, requires_redis_server
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from agentspec import metrics as m  # noqa: E402
 from agentspec._fleet.config import FleetConfig  # noqa: E402

@@ -29,9 +29,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from prereq import require_module
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from http_burst import get_round, handshakes_done, open_burst  # noqa: E402
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prereq import require_module
 
 from agentspec.engine._logits import process_logits, target_distribution
 from agentspec.engine._sampling import SamplingParams, filtered_probs
@@ -178,8 +179,8 @@ def test_sampling_params_validation(kw: dict[str, Any]) -> None:
 
 # --- the verifier on the real model ---------------------------------------------------
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from agentspec.engine import EngineOptions, EngineServer, Verifier  # noqa: E402
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prereq import require_module
 
 from agentspec.engine._logits import target_distribution
 from agentspec.engine._sampling import (
@@ -190,8 +191,8 @@ def test_accept_sampling_with_a_generator_still_samples_p() -> None:
 
 # --- the real model ---------------------------------------------------------------------
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from agentspec.engine import (  # noqa: E402
     Completion,

@@ -17,10 +17,11 @@ import threading
 from typing import Any
 
 import pytest
+from prereq import require_module
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
+torch = require_module("torch")
+require_module("transformers")
+openai = require_module("openai")
 
 from agentspec import AgentSpecClient, ShardPusher, ShardStore  # noqa: E402
 from agentspec.engine import EngineOptions, EngineServer, TextDecoder  # noqa: E402

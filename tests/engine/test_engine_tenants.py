@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prereq import require_module
 
 from agentspec._push.wire import encode_key_query
 from agentspec.exceptions import InvalidArgumentError
@@ -370,7 +371,7 @@ def test_serve_embedded_dry_run_says_whether_tenants_are_isolated(
 def test_serve_embedded_passes_the_keys_on(
     tmp_path: Any, keys_file: Any, clean_env: Any, capsys: Any
 ) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     import agentspec.engine
     from agentspec._cli import vllm as cli_vllm
 

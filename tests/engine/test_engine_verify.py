@@ -13,9 +13,10 @@ import random
 
 import numpy as np
 import pytest
+from prereq import require_module
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 from agentspec import Speculator  # noqa: E402
 from agentspec.engine import (  # noqa: E402

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 from openai_server import OpenAIServer, RecordedRequest, Reply
+from prereq import missing, require_module
 
-openai = pytest.importorskip("openai")
+openai = require_module("openai")
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
@@ -227,8 +228,8 @@ def test_command_line_against_a_server(tmp_path: Path, capsys: pytest.CaptureFix
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    torch = require_module("torch")
+    require_module("transformers")
     from agentspec.engine import EngineOptions, EngineServer
     from agentspec.models import ModelError, ensure_default_model, load_model
 
@@ -236,7 +237,7 @@ def engine() -> Iterator[Any]:
     try:
         model, tokenizer = load_model(ensure_default_model())
     except ModelError as exc:
-        pytest.skip(f"the default model cannot be loaded: {exc}")
+        missing(f"the default model cannot be loaded: {exc}")
     srv = EngineServer.create(model, tokenizer, EngineOptions(default_max_tokens=64))
     srv.start()
     try:

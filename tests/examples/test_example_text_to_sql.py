@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from openai_server import OpenAIServer, RecordedRequest, Reply
+from prereq import requires_shared
 
 from agentspec import AgentSpecClient
 
@@ -50,9 +51,7 @@ from examples.text_to_sql.spider import (  # noqa: E402
     split_statements,
 )
 
-pytestmark = pytest.mark.skipif(
-    not Path(DEFAULT_TRACE).exists(), reason=f"Spider trace {DEFAULT_TRACE} not present"
-)
+pytestmark = requires_shared(Path(DEFAULT_TRACE))
 
 SQL_STAGES = ("SQL1", "SQL2", "SQL3")
 FRONT = ("Classify", "Extract", "Enrich")

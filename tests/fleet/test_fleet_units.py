@@ -5,17 +5,18 @@ from __future__ import annotations
 import array
 
 import pytest
+from prereq import require_module
 
-pytest.importorskip("redis", reason="the redis client is not installed")
+require_module("redis", reason="the redis client is not installed")
 
-from agentspec import SuffixTree
-from agentspec._fleet.config import FleetConfig
-from agentspec._fleet.connection import Redactor, redact_url
-from agentspec._fleet.entry import BadEntryError, FleetEntry, decode_entry
-from agentspec._fleet.ids import ZERO, check_identity, fleet_seq_id, format_id, parse_id
-from agentspec._fleet.names import FleetKeys, encode_tenant, shard_name, tenant_acl_pattern
-from agentspec._fleet.shard import GONE_RING, FleetShard
-from agentspec.exceptions import InvalidArgumentError
+from agentspec import SuffixTree  # noqa: E402
+from agentspec._fleet.config import FleetConfig  # noqa: E402
+from agentspec._fleet.connection import Redactor, redact_url  # noqa: E402
+from agentspec._fleet.entry import BadEntryError, FleetEntry, decode_entry  # noqa: E402
+from agentspec._fleet.ids import ZERO, check_identity, fleet_seq_id, format_id, parse_id  # noqa: E402
+from agentspec._fleet.names import FleetKeys, encode_tenant, shard_name, tenant_acl_pattern  # noqa: E402
+from agentspec._fleet.shard import GONE_RING, FleetShard  # noqa: E402
+from agentspec.exceptions import InvalidArgumentError  # noqa: E402
 
 KEY = ("acme", "sql", "gen")
 

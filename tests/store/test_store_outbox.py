@@ -14,14 +14,15 @@ import array
 import json
 
 import pytest
+from prereq import require_module
 
-pytest.importorskip("redis", reason="the redis client is not installed")
+require_module("redis", reason="the redis client is not installed")
 
-from agentspec._core.shardkey import key_dir_name
-from agentspec._core.tokens import int32_le
-from agentspec._store.files import SnapshotMeta
-from agentspec._store.fleet_outbox import FleetOptions
-from agentspec._store.journal import (
+from agentspec._core.shardkey import key_dir_name  # noqa: E402
+from agentspec._core.tokens import int32_le  # noqa: E402
+from agentspec._store.files import SnapshotMeta  # noqa: E402
+from agentspec._store.fleet_outbox import FleetOptions  # noqa: E402
+from agentspec._store.journal import (  # noqa: E402
     ADD,
     ADD_ID,
     PUBLISHED,
@@ -30,9 +31,9 @@ from agentspec._store.journal import (
     parse_journal,
     read_journal,
 )
-from agentspec._store.outbox import ShardOutbox
-from agentspec._store.store import REDIS_URL_ENV, ShardStore
-from agentspec.exceptions import InvalidArgumentError
+from agentspec._store.outbox import ShardOutbox  # noqa: E402
+from agentspec._store.store import REDIS_URL_ENV, ShardStore  # noqa: E402
+from agentspec.exceptions import InvalidArgumentError  # noqa: E402
 
 KEY = ("acme", "sql", "plan")
 

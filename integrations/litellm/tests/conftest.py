@@ -26,6 +26,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
 
 from harness import ENGINE_PYTHON_ENV, Forwarder, Process, start_engine, start_proxy
+from prereq import missing
+
+pytest_plugins = ["prereq"]
 
 KEYS = {"sk-team-a": "team-a", "sk-team-b": "team-b"}
 #: The proxy's admin key (LiteLLM refuses to start without a strong one).
@@ -52,7 +55,7 @@ DEPLOYMENT_EXTRA_BODY = {"seed": 1234, "vllm_xargs": {"deployment_marker": "d1"}
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     """The embedded engine (SmolLM2-135M), shared by every test."""
     if not os.environ.get(ENGINE_PYTHON_ENV):
-        pytest.skip(
+        missing(
             f"${ENGINE_PYTHON_ENV} is not set: it must name a Python with agentspec[local] "
             "(scripts/test-litellm sets it)"
         )

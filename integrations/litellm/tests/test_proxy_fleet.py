@@ -22,6 +22,7 @@ import openai
 import pytest
 from conftest import CUSTOM_AUTH, proxy_config
 from harness import ENGINE_PYTHON_ENV, Forwarder, Process, start_engine, start_proxy
+from prereq import missing
 from redis_server import RedisServer, requires_redis_server
 
 from agentspec._fleet.ids import fleet_seq_id
@@ -49,7 +50,7 @@ def fleet_engine(
 ) -> Iterator[Process]:
     """An embedded engine publishing what it serves to the fleet."""
     if not os.environ.get(ENGINE_PYTHON_ENV):
-        pytest.skip(f"${ENGINE_PYTHON_ENV} is not set (scripts/test-litellm sets it)")
+        missing(f"${ENGINE_PYTHON_ENV} is not set (scripts/test-litellm sets it)")
     with start_engine(tmp_path_factory.mktemp("fleet-engine"), "--redis", redis_server.url) as e:
         yield e
 

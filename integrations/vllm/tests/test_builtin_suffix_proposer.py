@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prereq import require_module
 from vllm_engines import requires_vllm
 
 from agentspec.compat import SuffixDecodingCache
@@ -133,7 +134,7 @@ def _workload() -> list[tuple[np.ndarray, np.ndarray]]:
     schemas, so long suffix matches) up to ``max_model_len``.
     """
     if SPIDER.is_file() and QWEN3.is_file():
-        pytest.importorskip("tokenizers")
+        require_module("tokenizers")
         from agentspec.bench.replay import load_tokenizer, load_trace
 
         requests = load_trace(SPIDER, load_tokenizer(QWEN3), max_sessions=8).requests

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prereq import missing
 
 try:
     import agentspec_vllm  # noqa: F401
@@ -409,7 +410,7 @@ class VllmServer:
 
 def need_vllm():
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not importable in this Python (scripts/setup-vllm makes .venv-vllm)")
+        missing("vllm is not importable in this Python (scripts/setup-vllm makes .venv-vllm)")
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prereq import require_module
 
-pytest.importorskip("redis", reason="the redis client is not installed")
+require_module("redis", reason="the redis client is not installed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 
-from redis_server import RedisServer, requires_redis_server
-from test_endpoint import VllmServer, need_vllm
+from redis_server import RedisServer, requires_redis_server  # noqa: E402
+from test_endpoint import VllmServer, need_vllm  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_redis_server]
 

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
+from prereq import requires
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
-requires_vllm = pytest.mark.skipif(
-    VLLM_MISSING, reason="vllm is not importable (create .venv-vllm with scripts/setup-vllm)"
+requires_vllm = requires(
+    not VLLM_MISSING, "vllm is not importable (create .venv-vllm with scripts/setup-vllm)"
 )
 
 PROPOSER = "agentspec_vllm.proposer.AgentSpecProposer"
