@@ -97,6 +97,7 @@ __all__ = [
 PLUGIN_NAME = "agentspec"
 #: ``GET``: every worker's statistics.
 STATS_PATH = "/v1/agentspec/stats"
+_PUSH_PATHS = frozenset((SNAPSHOT_PATH, DELTA_PATH, SNAPSHOT_FILE_PATH))
 #: Worker-extension method answering one push-protocol request.
 RPC_HANDLE = "agentspec_handle"
 #: Worker-extension method returning the worker's statistics.
@@ -179,7 +180,26 @@ class ShardForwarder:
     async def handle(
         self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> WireResponse:
-        """Answer one request under ``/v1/agentspec/`` (errors become answers)."""
+        """Answer one request under ``/v1/agentspec/`` (errors become answers).
+
+        A push refused here, before it reaches the workers, is counted in the
+        metrics' ``agentspec_pushes_total`` (the workers count what they answer).
+        """
+        forwarded: list[bool] = []
+        answer = await self._handle(method, path, query, headers, body, forwarded)
+        if self.metrics is not None and not forwarded and path in _PUSH_PATHS:
+            self.metrics.count_local(answer.status)
+        return answer
+
+    async def _handle(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        forwarded: list[bool],
+    ) -> WireResponse:
         method = method.upper()
         lower = {k.lower(): v for k, v in headers.items()}
         early = self.precheck(method, path, lower, len(body))
@@ -204,6 +224,7 @@ class ShardForwarder:
             if mismatch is not None:
                 return mismatch
             del fwd[INSTANCE_HEADER.lower()]
+        forwarded.append(True)
         if path == SNAPSHOT_PATH and self._use_shm(body):
             return await self._snapshot_via_file(query, fwd, body)
         return await self._forward(method, path, query, fwd, body)

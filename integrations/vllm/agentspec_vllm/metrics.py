@@ -128,6 +128,9 @@ class Merged:
     evictions: dict[str, int] = field(default_factory=dict)
     budgets: dict[str, int] = field(default_factory=dict)
     pushes_refused: dict[str, int] = field(default_factory=dict)
+    #: (result, HTTP status) -> pushes the workers answered (`ShardIntake.push_counts`)
+    #: plus those the API server refused before forwarding (`WorkerMetrics.count_local`)
+    pushes: dict[tuple[str, str], int] = field(default_factory=dict)
     fleet: dict[str, int] = field(default_factory=dict)
     lag_counts: list[int] = field(default_factory=list)
     lag_sum: float = 0.0
@@ -233,6 +236,17 @@ def _merge_pushed(merged: Merged, pushed: Mapping[str, Any]) -> None:
         merged.pushes_refused[code] = merged.pushes_refused.get(code, 0) + int(
             pushed.get(name) or 0
         )
+    counts = pushed.get("counts")
+    if isinstance(counts, list):
+        for row in counts:
+            if isinstance(row, list) and len(row) == 3:
+                push_key = (str(row[0]), str(row[1]))
+                merged.pushes[push_key] = merged.pushes.get(push_key, 0) + int(row[2])
+    else:  # a worker without per-status counts: its refusals by budget and size
+        for code in ("507", "413"):
+            n = int(pushed.get("refused" if code == "507" else "too_large") or 0)
+            if n:
+                merged.pushes[("refused", code)] = merged.pushes.get(("refused", code), 0) + n
 
 
 def _merge_fleet(merged: Merged, fleet: Mapping[str, Any]) -> None:
@@ -326,8 +340,15 @@ def _histogram(
     return family
 
 
-def families(merged: Merged, caps: _Caps, failures: int = 0) -> Iterator[Metric]:
-    """The metric families of a merged snapshot."""
+def families(
+    merged: Merged,
+    caps: _Caps,
+    failures: int = 0,
+    local_pushes: Mapping[tuple[str, str], int] | None = None,
+) -> Iterator[Metric]:
+    """The metric families of a merged snapshot (``local_pushes``: pushes the API
+    server answered itself, by (result, HTTP status), added to the workers')."""
+    local_pushes = local_pushes or {}
     t = KEY_LABELS
     keys = merged.keys
 
@@ -433,12 +454,16 @@ def families(merged: Merged, caps: _Caps, failures: int = 0) -> Iterator[Metric]
         ("kind",),
         {(k,): v for k, v in merged.budgets.items()},
     )
+    pushes = dict(merged.pushes)
+    for push_key, n in local_pushes.items():
+        pushes[push_key] = pushes.get(push_key, 0) + n
     yield _counter(
         caps,
         PUSHES_TOTAL,
-        "pushes refused by the workers for their size (413) or for lack of room (507)",
+        "shard pushes answered, by result (accepted, refused) and HTTP status: the workers'"
+        " answers and the API server's refusals before forwarding",
         ("result", "code"),
-        {("refused", code): n for code, n in merged.pushes_refused.items()},
+        pushes,
     )
     for name, field_name, doc in (
         (FLEET_PUBLISHED_TOTAL, "published", "responses Redis acknowledged"),
@@ -479,6 +504,7 @@ class WorkerMetrics(MetricsCollector):
         self._label_caps = _Caps()
         self._lock = threading.Lock()
         self.failures = 0
+        self._local_pushes: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry()  # this collector alone (`render_text`)
         self.on_collect(self._families)
 
@@ -495,12 +521,20 @@ class WorkerMetrics(MetricsCollector):
             self._merged = merged
         return merged
 
+    def count_local(self, status: int) -> None:
+        """Count a push the API server answered without forwarding it (a refusal)."""
+        key = ("accepted" if 200 <= status < 300 else "refused", str(status))
+        with self._lock:
+            self._local_pushes[key] = self._local_pushes.get(key, 0) + 1
+
     def caps(self) -> list[LabelCap]:
         """The label caps of every family (for the overflow counter)."""
         return [*super().caps(), *self._label_caps.all()]
 
     def _families(self) -> Iterator[Metric]:
-        return families(self.merged, self._label_caps, self.failures)
+        with self._lock:
+            local = dict(self._local_pushes)
+        return families(self.merged, self._label_caps, self.failures, local)
 
     def render_text(self) -> bytes:
         """The exposition text of these families alone."""

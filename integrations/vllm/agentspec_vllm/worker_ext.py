@@ -125,6 +125,7 @@ class AgentSpecWorkerExtension:
                 "max_bytes": budget["max_bytes"],
                 "refused": budget["refused"],
                 "too_large": budget["too_large"],
+                "counts": [[r, c, n] for (r, c), n in sorted(intake.push_counts().items())],
             },
             "fleet": fleet,
         }

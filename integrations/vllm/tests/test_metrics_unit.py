@@ -37,6 +37,8 @@ from test_proposer_unit import (  # fresh_intake: each test gets its own worker 
     vllm_config,
 )
 
+from agentspec.integration import SHARD_CONTENT_TYPE, SNAPSHOT_PATH
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -142,6 +144,31 @@ def test_pushed_and_source_kinds() -> None:
     (shard,) = worker.agentspec_stats()["pushed"]
     assert series(samples, "agentspec_shard_tokens", kind="pushed", **t) == shard["tokens"]
     assert series(samples, "agentspec_shard_bytes", kind="pushed", **t) == shard["bytes"]
+    assert series(samples, "agentspec_pushes_total", result="accepted", code="200") == 1
+
+
+def test_pushes_refused_before_forwarding_are_counted() -> None:
+    """A push the API server refuses itself (bad key query, bad bytes) never reaches a
+    worker; it is counted beside the workers' own answers."""
+    config = vllm_config()
+    worker = Worker(Loop(AgentSpecProposer(config)), config)
+    assert _push(worker, ("acme", "t2s", "SQL"), _snapshot(PROMPT[-8:] + ANSWER)) == 200
+    assert _push(worker, ("acme", "t2s", "SQL"), b"not a shard") == 400
+
+    async def rpc(method: str, args: tuple[Any, ...]) -> list[Any]:
+        assert method == RPC_METRICS
+        return [worker.agentspec_metrics()]
+
+    m = collector()
+    fwd = ShardForwarder(rpc, load_config({"agentspec": {}}, {}), metrics=m)
+    headers = {"content-type": SHARD_CONTENT_TYPE}
+    bad = asyncio.run(fwd.handle("PUT", SNAPSHOT_PATH, "tenant=%00", headers, b"x"))
+    assert bad.status == 400
+    ok = asyncio.run(fwd.handle("GET", METRICS_PATH, "", {}, b""))
+    samples = parse(ok.body)
+    assert series(samples, "agentspec_pushes_total", result="accepted", code="200") == 1
+    # one refused by the worker's intake, one by the API server before forwarding
+    assert series(samples, "agentspec_pushes_total", result="refused", code="400") == 2
 
 
 def _snap(rank: int, dp: int, requests: int, shard_bytes: int) -> dict[str, Any]:
