@@ -22,7 +22,6 @@ import argparse
 import statistics
 import time
 
-import torch
 from bench_engine import STAGES  # this folder is on sys.path when run as a script
 
 from agentspec.engine import Completion, Engine, EngineOptions, GenerationRequest
@@ -82,7 +81,34 @@ def micro(steps_per_request=16, requests=20_000):
             if accepted:
                 runs[accepted] = runs.get(accepted, 0) + 1
         metrics.record_request(key, steps_per_request, 64, 24, runs, {"stage": 12, "none": 4})
-    return (time.perf_counter() - t0) / (requests * steps_per_request)
+    per_step = (time.perf_counter() - t0) / (requests * steps_per_request)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        metrics.render()
+    return per_step, (time.perf_counter() - t0) / 200
+
+
+def draft_cost(calls=20_000):
+    """Seconds per `Speculator.draft` call and per `draft_source` call (what the engine
+    drafts through with metrics on: it names the tree the draft came from)."""
+    from agentspec import DraftParams, Speculator
+
+    params = DraftParams.confident()
+    with Speculator(64) as spec:
+        for i in range(50):
+            spec.start_request(i, [1, 2, 3], stage="sql", pipeline="bench")
+            spec.extend(i, [(i * 7 + j) % 97 for j in range(40)])
+            spec.finish(i)
+        spec.start_request("q", [1, 2, 3, 7, 14, 21], stage="sql", pipeline="bench")
+        times = {}
+        for name in ("draft", "draft_source", "draft", "draft_source"):
+            fn = spec.draft if name == "draft" else spec.draft_source
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn("q", params)
+            times[name] = (time.perf_counter() - t0) / calls
+        spec.finish("q", learn=False)
+    return times["draft"], times["draft_source"]
 
 
 def main():
@@ -92,7 +118,21 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument(
+        "--micro-only", action="store_true", help="only the metrics work timed alone (no model)"
+    )
     args = ap.parse_args()
+    per_step, scrape = micro()
+    plain, named = draft_cost()
+    print(
+        f"metrics work alone: {per_step * 1e6:.2f} us per verification step; one scrape "
+        f"(render) {scrape * 1e3:.2f} ms; a draft {plain * 1e6:.2f} us, with its source "
+        f"named {named * 1e6:.2f} us"
+    )
+    if args.micro_only:
+        return
+    import torch
+
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model)
     work = prompts(tok)
@@ -122,11 +162,11 @@ def main():
     on, off = statistics.median(tps[True]), statistics.median(tps[False])
     print(f"median: metrics on {on:.1f} tok/s, off {off:.1f} tok/s")
     print(f"ratio on/off (median tokens/s): {on / off:.4f}")
-    per_step = micro()
     step = statistics.median(step_seconds)
+    extra = per_step + max(0.0, named - plain)
     print(
-        f"metrics work alone: {per_step * 1e6:.2f} us per verification step; the median "
-        f"engine step here {step * 1e3:.2f} ms: {per_step / step:.4%} of a step"
+        f"the median engine step here {step * 1e3:.2f} ms: the metrics work per step "
+        f"(with the draft's source) is {extra / step:.4%} of it"
     )
     print(f"greedy outputs identical with metrics on and off: {same}")
     if not same:

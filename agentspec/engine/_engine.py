@@ -611,7 +611,7 @@ class Engine:
                 tree = None
                 t0 = clock()
                 if speculate and depth > 0:
-                    draft = self._draft(spec, rid, req.key, sources if metrics else None)
+                    draft = self._draft(spec, rid, req.key, None if metrics is None else sources)
                     if len(draft):
                         # A shard (a pushed one above all) may hold ids this model has
                         # not: the draft params' vocab_size already ends a draft there
