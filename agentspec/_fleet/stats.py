@@ -70,6 +70,15 @@ class SubscriberStats:
         dropped_local: shards dropped here for the subscriber's own memory
             budget (``max_bytes``); back at the next reload.
         bytes: what the trees of every shard hold (both of each left-right pair).
+        lag_counts, lag_sum: the lag of every applied entry -- seconds from the
+            time in its stream id (when Redis added it) to when it was applied
+            here -- as counts per bucket of
+            `agentspec.metrics.FLEET_LAG_SECONDS_BUCKETS` (``le`` bounds, +Inf
+            last; not cumulative) and their sum.
+        snapshot_age_ms: wall-clock milliseconds since the stream time of the
+            newest snapshot round it knows (the stream position a compaction
+            round covered: one it loaded, ran, or saw as the tenant's ``round``
+            mark, read about once a second); None while it knows none.
     """
 
     tenant: str
@@ -98,6 +107,9 @@ class SubscriberStats:
     evicted_shards: int = 0
     dropped_local: int = 0
     bytes: int = 0
+    lag_counts: tuple[int, ...] = ()
+    lag_sum: float = 0.0
+    snapshot_age_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

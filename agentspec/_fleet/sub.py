@@ -32,6 +32,7 @@ position and lag, which `agentspec fleet status` lists.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -72,8 +73,11 @@ from agentspec.exceptions import InvalidArgumentError
 from agentspec.metrics import (
     FLEET_APPLIED_TOTAL,
     FLEET_COMPACTIONS_TOTAL,
+    FLEET_LAG_SECONDS,
+    FLEET_LAG_SECONDS_BUCKETS,
     FLEET_MALFORMED_TOTAL,
     FLEET_RECONNECTS_TOTAL,
+    FLEET_SNAPSHOT_AGE_SECONDS,
     SHARD_EVICTIONS_TOTAL,
     SHARD_TOKENS,
     SHARDS,
@@ -83,6 +87,11 @@ from agentspec.metrics import (
 __all__ = ["FleetSubscriber"]
 
 _log = get_logger()
+
+#: The lag histogram's bucket bounds, seconds (`SubscriberStats.lag_counts`).
+_LAG_BUCKETS = FLEET_LAG_SECONDS_BUCKETS
+#: Seconds between reads of the tenant's ``round`` mark (for the snapshot age).
+_ROUND_EVERY = 1.0
 
 
 class FleetSubscriber:
@@ -183,6 +192,13 @@ class FleetSubscriber:
         self._n["evicted_shards"] = 0
         self._n["dropped_local"] = 0
         self._next_ms: int | None = None  # stream time of the oldest entry not yet applied
+        # per applied entry, seconds from its stream id's time to its apply: counts per
+        # bucket of _LAG_BUCKETS (+Inf last) and their sum
+        self._lag_counts = [0] * (len(_LAG_BUCKETS) + 1)
+        self._lag_sum = 0.0
+        self._now = 0.0  # wall clock at the batch being applied
+        self._round: StreamId | None = None  # newest snapshot round known (snapshot age)
+        self._next_round = 0.0  # monotonic time of the next read of the round mark
         self._epoch: bytes | None = None  # the tenant's re-seed mark at the last load
         self._loads_in_a_row = 0
         self._last_error: str | None = None
@@ -270,6 +286,9 @@ class FleetSubscriber:
                 evicted_shards=n["evicted_shards"],
                 dropped_local=n["dropped_local"],
                 bytes=self._bytes,
+                lag_counts=tuple(self._lag_counts),
+                lag_sum=self._lag_sum,
+                snapshot_age_ms=self._snapshot_age_ms(),
             )
 
     def _lag_ms(self) -> int:
@@ -277,6 +296,33 @@ class FleetSubscriber:
         if self._next_ms is None:
             return 0
         return max(0, int(time.time() * 1000) - self._next_ms)
+
+    def _snapshot_age_ms(self) -> int | None:
+        """Wall-clock milliseconds since the stream time of the newest snapshot round known
+        (None: none known)."""
+        if self._round is None:
+            return None
+        return max(0, int(time.time() * 1000) - self._round[0])
+
+    def _saw_round(self, position: StreamId) -> None:
+        """Note a snapshot round covering ``position`` (loaded, written or read)."""
+        if position != ZERO and (self._round is None or position > self._round):
+            with self._changed:
+                self._round = position
+
+    def _read_round(self, client: redis.Redis) -> None:
+        """Read the tenant's ``round`` mark (another replica's compactions), at most once
+        every `_ROUND_EVERY` seconds."""
+        now = time.monotonic()
+        if now < self._next_round:
+            return
+        self._next_round = now + _ROUND_EVERY
+        try:
+            raw = client.hget(self._keys.meta, "round")
+            if isinstance(raw, bytes):
+                self._saw_round(parse_id(raw))
+        except (redis.ResponseError, ValueError):
+            pass  # damaged metadata: the next load counts it
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``predicate()`` holds (checked at every change); False on timeout."""
@@ -480,6 +526,7 @@ class FleetSubscriber:
         if self._compact_wanted.is_set():
             self._compact(client)
         self._beat(client)
+        self._read_round(client)
         read_from = format_id(self._position)
         force = self._loads_in_a_row >= 3
         reply = fcall(
@@ -592,10 +639,12 @@ class FleetSubscriber:
             self._n["loads"] += 1
             self._n["bad_snapshots"] += state.bad_snapshots
             self._changed.notify_all()
+        self._saw_round(state.position)
 
     def _apply(self, entries: list[list[Any]]) -> None:
         """Apply a batch in stream order; an entry that fails in any way is counted and skipped."""
         touched: set[FleetShard] = set()
+        self._now = time.time()
         for raw_id, fields in entries:
             eid = parse_id(raw_id)
             try:
@@ -639,6 +688,9 @@ class FleetSubscriber:
         elif shard.apply(entry, eid, config.max_shard_tokens):
             n["applied"] += 1
             touched.add(shard)
+            lag = max(0.0, self._now - eid[0] / 1000.0)
+            self._lag_counts[bisect.bisect_left(_LAG_BUCKETS, lag)] += 1
+            self._lag_sum += lag
         else:
             n["duplicates"] += 1
 
@@ -716,6 +768,8 @@ class FleetSubscriber:
             except redis.ResponseError as e:  # e.g. damaged marks: keep following the stream
                 self._n["compaction_errors"] += 1
                 _log.warning("agentspec fleet: compaction failed", error=self._redactor.error(e))
+        if result is not None:
+            self._saw_round(self._position)
         with self._changed:
             if result is not None:
                 self._n["compactions"] += 1
@@ -735,3 +789,6 @@ def _metric_samples(sub: FleetSubscriber) -> Iterator[live_metrics.Sample]:
     for key, shard in st.shards.items():
         yield (SHARD_TOKENS, ("fleet", *key_labels(*key)), shard.tokens)
     yield (SHARD_EVICTIONS_TOTAL, ("fleet",), sum(sh.evicted for sh in st.shards.values()))
+    yield (FLEET_LAG_SECONDS, (), (st.lag_counts, st.lag_sum))
+    if st.snapshot_age_ms is not None:  # one subscriber per tenant counts (the first)
+        yield (FLEET_SNAPSHOT_AGE_SECONDS, (st.tenant,), st.snapshot_age_ms / 1000.0, "age")

@@ -4,7 +4,8 @@
 `track(obj, samples)` when made: ``samples(obj)`` reads the object's own
 ``stats()`` and yields ``(family, label values, value)`` -- or ``(family, label
 values, value, token)``, where samples with the same token count once (two
-clients sharing one store report its backlog once).  Nothing runs per call:
+clients sharing one store report its backlog once).  A histogram family's value
+is ``(counts per bucket, +Inf last, not cumulative; sum)``.  Nothing runs per call:
 the one process-wide collector (`LIVE`, registered in
 ``prometheus_client.REGISTRY`` on the first `track`) asks every live object
 when the registry is scraped and sums what they say, so several clients in one
@@ -27,7 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from agentspec import metrics as m
 from agentspec._util.log import get_logger
@@ -43,12 +49,14 @@ _log = get_logger()
 
 @dataclass(frozen=True)
 class Family:
-    """A family this collector renders: its name, type, help text and label names."""
+    """A family this collector renders: its name, type, help text and label names
+    (``buckets``: a histogram with these bucket bounds; ``counter`` is then True)."""
 
     name: str
     counter: bool
     documentation: str
     labelnames: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
 
 
 _T = m.KEY_LABELS
@@ -77,6 +85,18 @@ FAMILIES: dict[str, Family] = {
         Family(m.FLEET_MALFORMED_TOTAL, True, "fleet entries refused by validation"),
         Family(m.FLEET_RECONNECTS_TOTAL, True, "fleet connections made after the first"),
         Family(m.FLEET_COMPACTIONS_TOTAL, True, "fleet compaction rounds completed"),
+        Family(
+            m.FLEET_LAG_SECONDS,
+            True,
+            "seconds from a fleet entry's stream time to its apply here, per applied entry",
+            buckets=m.FLEET_LAG_SECONDS_BUCKETS,
+        ),
+        Family(
+            m.FLEET_SNAPSHOT_AGE_SECONDS,
+            False,
+            "seconds since the stream time the newest known fleet snapshot round covers",
+            ("tenant",),
+        ),
     )
 }
 
@@ -88,7 +108,7 @@ class LiveMetrics(m.MetricsCollector):
         super().__init__()
         self._lock = threading.Lock()
         self._sources: dict[int, tuple[weakref.ref[Any], Samples]] = {}
-        self._retired: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._retired: dict[tuple[str, tuple[str, ...]], _Value] = {}
         self._caps: dict[tuple[str, str], m.LabelCap] = {}
         self._folded: dict[tuple[str, str, str], str] = {}
         self._registered = False
@@ -127,7 +147,7 @@ class LiveMetrics(m.MetricsCollector):
         with self._lock:
             for (name, labels), value in totals.items():
                 if FAMILIES[name].counter:
-                    self._retired[(name, labels)] = self._retired.get((name, labels), 0.0) + value
+                    self._retired[(name, labels)] = _plus(self._retired.get((name, labels)), value)
 
     def describe(self) -> list[Metric]:
         """No names claimed at registration (see the module doc)."""
@@ -140,9 +160,9 @@ class LiveMetrics(m.MetricsCollector):
 
     def _sum(
         self, sources: list[tuple[Any, Samples]], *, shared: bool = True
-    ) -> dict[tuple[str, tuple[str, ...]], float]:
+    ) -> dict[tuple[str, tuple[str, ...]], _Value]:
         """Sum the sources' samples; ``shared=False`` leaves out the ones with a token."""
-        totals: dict[tuple[str, tuple[str, ...]], float] = {}
+        totals: dict[tuple[str, tuple[str, ...]], _Value] = {}
         seen: set[tuple[str, tuple[str, ...], object]] = set()
         for obj, samples in sources:
             rows: list[Sample] = []
@@ -159,7 +179,7 @@ class LiveMetrics(m.MetricsCollector):
                     if token in seen:
                         continue
                     seen.add(token)
-                totals[(name, labels)] = totals.get((name, labels), 0.0) + float(value)
+                totals[(name, labels)] = _plus(totals.get((name, labels)), value)
         return totals
 
     def _fold(self, family: Family, labels: tuple[str, ...]) -> tuple[str, ...]:
@@ -181,23 +201,61 @@ class LiveMetrics(m.MetricsCollector):
             retired = dict(self._retired)
         totals = self._sum(live)
         for key, value in retired.items():
-            totals[key] = totals.get(key, 0.0) + value
-        by_family: dict[str, dict[tuple[str, ...], float]] = {}
+            totals[key] = _plus(totals.get(key), value)
+        by_family: dict[str, dict[tuple[str, ...], _Value]] = {}
         with self._lock:
             for (name, labels), value in totals.items():
                 series = by_family.setdefault(name, {})
                 folded = self._fold(FAMILIES[name], labels)
-                series[folded] = series.get(folded, 0.0) + value
+                series[folded] = _plus(series.get(folded), value)
         for name in sorted(by_family):
             family = FAMILIES[name]
+            if family.buckets:
+                yield _histogram(family, by_family[name])
+                continue
             metric: CounterMetricFamily | GaugeMetricFamily
             if family.counter:
                 metric = CounterMetricFamily(name, family.documentation, labels=family.labelnames)
             else:
                 metric = GaugeMetricFamily(name, family.documentation, labels=family.labelnames)
             for labels, value in sorted(by_family[name].items()):
-                metric.add_metric(labels, value)
+                metric.add_metric(labels, value)  # type: ignore[arg-type]
             yield metric
+
+
+#: A summed value: a number, or a histogram's counts per bucket followed by its sum.
+_Value = float | list[float]
+
+
+def _plus(total: _Value | None, value: Any) -> _Value:
+    """``total + value``; a histogram sample ``(counts, sum)`` adds bucket by bucket."""
+    if isinstance(value, tuple):
+        counts, observed = value
+        add = [float(c) for c in counts] + [float(observed)]
+    elif isinstance(value, list):
+        add = value
+    else:
+        return (total if isinstance(total, float) else 0.0) + float(value)
+    if not isinstance(total, list):
+        return list(add)
+    if len(total) != len(add):  # other buckets (never with one library): keep the first
+        return total
+    return [a + b for a, b in zip(total, add, strict=True)]
+
+
+def _histogram(family: Family, series: dict[tuple[str, ...], _Value]) -> HistogramMetricFamily:
+    metric = HistogramMetricFamily(family.name, family.documentation, labels=family.labelnames)
+    bounds = [repr(float(b)) for b in family.buckets] + ["+Inf"]
+    for labels, value in sorted(series.items()):
+        if not isinstance(value, list) or len(value) != len(bounds) + 1:
+            continue
+        cumulative = 0.0
+        buckets = []
+        for bound, n in zip(bounds, value[:-1], strict=True):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        metric.add_metric(labels, buckets, value[-1])
+    return metric
 
 
 #: The process-wide collector.

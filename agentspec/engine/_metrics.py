@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from agentspec._util.log import get_logger
 from agentspec.metrics import (
@@ -24,9 +29,12 @@ from agentspec.metrics import (
     DRAFTS_TOTAL,
     FLEET_APPLIED_TOTAL,
     FLEET_COMPACTIONS_TOTAL,
+    FLEET_LAG_SECONDS,
+    FLEET_LAG_SECONDS_BUCKETS,
     FLEET_MALFORMED_TOTAL,
     FLEET_PUBLISHED_TOTAL,
     FLEET_RECONNECTS_TOTAL,
+    FLEET_SNAPSHOT_AGE_SECONDS,
     GOODPUT_ACTIVE,
     GOODPUT_CALIBRATION_ERROR,
     GOODPUT_KEPT_TOKENS_TOTAL,
@@ -145,6 +153,12 @@ class EngineMetrics:
         )
         self._shard_bytes = c.gauge(
             SHARD_BYTES, "live bytes of the shards", ("kind", *KEY_LABELS), at_scrape=True
+        )
+        self._snapshot_age = c.gauge(
+            FLEET_SNAPSHOT_AGE_SECONDS,
+            "seconds since the stream time the newest known fleet snapshot round covers",
+            ("tenant",),
+            at_scrape=True,
         )
         self._pushes = c.counter(
             PUSHES_TOTAL, "shard pushes answered, by result and HTTP status", ("result", "code"),
@@ -304,8 +318,16 @@ class EngineMetrics:
         tokens: list[tuple[tuple[str, ...], float]],
     ) -> Iterable[Metric]:
         count = evicted = applied = malformed = reconnects = compactions = 0
+        lag = [0] * (len(FLEET_LAG_SECONDS_BUCKETS) + 1)
+        lag_sum = 0.0
+        ages: list[tuple[tuple[str, ...], float]] = []
         for sub in list(fleet.subscribers.values()):
             s = sub.stats()
+            if len(s.lag_counts) == len(lag):
+                lag = [a + b for a, b in zip(lag, s.lag_counts, strict=True)]
+                lag_sum += s.lag_sum
+            if s.snapshot_age_ms is not None:
+                ages.append(((s.tenant,), s.snapshot_age_ms / 1000.0))
             applied += s.applied
             malformed += s.malformed
             reconnects += s.reconnects
@@ -317,7 +339,19 @@ class EngineMetrics:
         shards.add_metric(("fleet",), count)
         evictions.add_metric(("fleet",), evicted)
         published = fleet.publisher.stats().published
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*FLEET_LAG_SECONDS_BUCKETS, "+Inf"), lag, strict=True):
+            cumulative += n
+            buckets.append((bound if isinstance(bound, str) else repr(bound), float(cumulative)))
+        histogram = HistogramMetricFamily(
+            FLEET_LAG_SECONDS,
+            "seconds from a fleet entry's stream time to its apply here, per applied entry",
+        )
+        histogram.add_metric((), buckets, lag_sum)
         return [
+            histogram,
+            self._snapshot_age.family_from(ages),
             CounterMetricFamily(
                 FLEET_PUBLISHED_TOTAL, "responses published to the fleet", value=published
             ),

@@ -26,13 +26,12 @@ response (counted).  The URL's password never reaches a log line or a stat.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from agentspec import ShardKey, SuffixTree
-from agentspec.exceptions import AgentSpecError
+from agentspec.exceptions import AgentSpecError, InvalidArgumentError
 from agentspec.fleet import (
     FleetConfig,
     FleetFollower,
@@ -43,6 +42,7 @@ from agentspec.fleet import (
     redact_url,
 )
 from agentspec.integration import get_logger
+from agentspec.metrics import FLEET_LAG_SECONDS_BUCKETS
 
 __all__ = ["WorkerFleet"]
 
@@ -86,7 +86,6 @@ class WorkerFleet:
         self.published = 0
         self.dropped = 0  # queue full, closed, or a sequence the fleet cannot take
         self.publisher: FleetPublisher | None = None
-        self._lag: tuple[list[int], list[float]] | None = None  # sampled by `metrics`
         if publish:
             self.publisher = FleetPublisher(url, config=config, **(publisher_options or {}))
         _log.info("agentspec.vllm.fleet", url=self.url, max_tenants=max_tenants, publish=publish)
@@ -188,17 +187,19 @@ class WorkerFleet:
 
     def metrics(self, lag_buckets: Sequence[float]) -> dict[str, Any]:
         """The counters behind the plugin's fleet metrics (JSON-ready, see
-        `agentspec_vllm.metrics`).  Each call also samples every subscriber's
-        current lag into ``lag`` (counts per bucket of ``lag_buckets``, +Inf
-        last, cumulative over the calls with the same buckets)."""
+        `agentspec_vllm.metrics`).  ``lag``: the subscribers' lag of every applied
+        entry (`SubscriberStats.lag_counts`: counts per bucket of ``lag_buckets``,
+        which must be `agentspec.metrics.FLEET_LAG_SECONDS_BUCKETS`, +Inf last,
+        summed over the subscribers; and their sum).  ``snapshot_age``: per
+        tenant, seconds since the newest snapshot round its subscriber knows
+        (`SubscriberStats.snapshot_age_ms`; tenants knowing none are left out)."""
+        if tuple(lag_buckets) != FLEET_LAG_SECONDS_BUCKETS:
+            raise InvalidArgumentError("lag_buckets must be FLEET_LAG_SECONDS_BUCKETS")
         subs = [sub.stats() for _, sub in sorted(self._subs.items())]
-        lag = self._lag
-        if lag is None or len(lag[0]) != len(lag_buckets) + 1:
-            lag = self._lag = ([0] * (len(lag_buckets) + 1), [0.0])
+        counts = [0] * (len(FLEET_LAG_SECONDS_BUCKETS) + 1)
         for s in subs:
-            seconds = s.lag_ms / 1000.0
-            lag[0][bisect.bisect_left(lag_buckets, seconds)] += 1
-            lag[1][0] += seconds
+            if len(s.lag_counts) == len(counts):
+                counts = [a + b for a, b in zip(counts, s.lag_counts, strict=True)]
         pub = self.publisher.stats() if self.publisher is not None else None
         return {
             "published": 0 if pub is None else pub.published,
@@ -216,7 +217,10 @@ class WorkerFleet:
                 for s in subs
                 for k, sh in s.shards.items()
             ],
-            "lag": {"counts": list(lag[0]), "sum": lag[1][0]},
+            "lag": {"counts": counts, "sum": sum(s.lag_sum for s in subs)},
+            "snapshot_age": {
+                s.tenant: s.snapshot_age_ms / 1000.0 for s in subs if s.snapshot_age_ms is not None
+            },
         }
 
     def close(self, timeout: float = 2.0) -> None:

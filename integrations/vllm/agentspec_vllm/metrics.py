@@ -21,7 +21,8 @@ Merging: workers of one engine (tensor / pipeline parallel ranks, same
 ``data_parallel_rank``) see the same batches, so one of them (the lowest
 rank with a proposer) speaks for the engine; the engines' (data parallel
 ranks') counters and histograms are summed, their memory gauges reported
-as the largest (budgets are per worker), their backlogs summed.
+as the largest (budgets are per worker), their backlogs summed, a tenant's
+fleet snapshot age as the least (the newest snapshot round any engine knows).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from agentspec.metrics import (
     FLEET_MALFORMED_TOTAL,
     FLEET_PUBLISHED_TOTAL,
     FLEET_RECONNECTS_TOTAL,
+    FLEET_SNAPSHOT_AGE_SECONDS,
     GOODPUT_ACTIVE,
     GOODPUT_KEPT_TOKENS_TOTAL,
     GOODPUT_OFFERED_TOKENS_TOTAL,
@@ -134,6 +136,8 @@ class Merged:
     fleet: dict[str, int] = field(default_factory=dict)
     lag_counts: list[int] = field(default_factory=list)
     lag_sum: float = 0.0
+    #: tenant -> seconds since the newest snapshot round a worker knows (the least)
+    snapshot_age: dict[str, float] = field(default_factory=dict)
     bad_tags: int = 0
 
 
@@ -260,6 +264,11 @@ def _merge_fleet(merged: Merged, fleet: Mapping[str, Any]) -> None:
     if isinstance(lag, Mapping):
         _add_into(merged.lag_counts, lag.get("counts") or ())
         merged.lag_sum += float(lag.get("sum") or 0.0)
+    ages = fleet.get("snapshot_age")
+    if isinstance(ages, Mapping):
+        for tenant, age in ages.items():
+            seen = merged.snapshot_age.get(str(tenant))
+            merged.snapshot_age[str(tenant)] = float(age) if seen is None else min(seen, float(age))
 
 
 # --- rendering -----------------------------------------------------------------
@@ -476,10 +485,17 @@ def families(
         yield _counter(caps, name, doc, (), {} if value is None else {(): value})
     yield _histogram(
         FLEET_LAG_SECONDS,
-        "fleet subscribers' lag, sampled at every collection",
+        "seconds from a fleet entry's stream time to its apply here, per applied entry",
         FLEET_LAG_SECONDS_BUCKETS,
         merged.lag_counts,
         merged.lag_sum,
+    )
+    yield _gauge(
+        caps,
+        FLEET_SNAPSHOT_AGE_SECONDS,
+        "seconds since the stream time the newest known fleet snapshot round covers",
+        ("tenant",),
+        {(tenant,): age for tenant, age in merged.snapshot_age.items()},
     )
     yield _counter(
         caps, BAD_TAGS_TOTAL, "requests with invalid agentspec tags", (), {(): merged.bad_tags}
