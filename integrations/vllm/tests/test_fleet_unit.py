@@ -329,3 +329,33 @@ def test_publish_never_raises() -> None:
         assert fleet.dropped == 2
     finally:
         fleet.close(timeout=0.5)
+
+
+def test_fleet_metrics_lag_per_applied_entry_and_snapshot_age(server: RedisServer) -> None:
+    from agentspec.metrics import FLEET_LAG_SECONDS_BUCKETS
+
+    cfg = FleetConfig(max_depth=16, max_shard_tokens=1000)
+    wf = WorkerFleet(server.url, cfg, block_ms=100, compact_every=0)
+    try:
+        sub = wf.subscribe("default")
+        assert sub is not None
+        assert wf.metrics(FLEET_LAG_SECONDS_BUCKETS)["snapshot_age"] == {}  # none yet
+        with FleetPublisher(server.url, config=cfg) as pub:
+            for i in range(3):
+                pub.publish(KEY, [i, 1, 2, 3], f"r{i}")
+            assert pub.flush(WAIT)
+            assert sub.wait_for(pub.last_id, WAIT)
+        first = wf.metrics(FLEET_LAG_SECONDS_BUCKETS)
+        # one observation per applied entry, not per collection: a second call adds none
+        assert sum(first["lag"]["counts"]) == first["applied"] == 3
+        second = wf.metrics(FLEET_LAG_SECONDS_BUCKETS)
+        assert second["lag"] == first["lag"]
+        assert len(first["lag"]["counts"]) == len(FLEET_LAG_SECONDS_BUCKETS) + 1
+        assert sub.compact() is not None
+        ages = wf.metrics(FLEET_LAG_SECONDS_BUCKETS)["snapshot_age"]
+        assert list(ages) == ["default"]
+        assert 0 <= ages["default"] < 30
+        with pytest.raises(InvalidArgumentError):
+            wf.metrics((1.0, 2.0))
+    finally:
+        wf.close()

@@ -38,6 +38,7 @@ from test_proposer_unit import (  # fresh_intake: each test gets its own worker 
 )
 
 from agentspec.integration import SHARD_CONTENT_TYPE, SNAPSHOT_PATH
+from agentspec.metrics import FLEET_LAG_SECONDS_BUCKETS
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -317,3 +318,25 @@ def test_worker_without_proposer_answers_pushed_metrics() -> None:
     merged = merge_snapshots([snap])
     assert merged.workers == 1
     assert not merged.keys
+
+
+def test_fleet_lag_sums_and_snapshot_age_is_the_least_over_engines() -> None:
+    def fleet(dp: int, counts: list[int], total: float, ages: dict[str, float]) -> dict:
+        snap = _snap(0, dp, 1, 100)
+        snap["fleet"] = {"applied": sum(counts), "lag": {"counts": counts, "sum": total}}
+        snap["fleet"]["snapshot_age"] = ages
+        return snap
+
+    n = len(FLEET_LAG_SECONDS_BUCKETS) + 1
+    a = fleet(0, [2] + [0] * (n - 1), 0.002, {"t1": 9.0, "t2": 4.0})
+    b = fleet(1, [0] * (n - 1) + [1], 120.0, {"t1": 3.0})
+    merged = merge_snapshots([a, b])
+    assert merged.snapshot_age == {"t1": 3.0, "t2": 4.0}
+    m = collector()
+    m.update([a, b])
+    samples = parse(m.render_text())
+    assert samples[("agentspec_fleet_snapshot_age_seconds", (("tenant", "t1"),))] == 3.0
+    assert samples[("agentspec_fleet_snapshot_age_seconds", (("tenant", "t2"),))] == 4.0
+    assert samples[("agentspec_fleet_lag_seconds_bucket", (("le", "0.001"),))] == 2
+    assert samples[("agentspec_fleet_lag_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert samples[("agentspec_fleet_lag_seconds_sum", ())] == pytest.approx(120.002)
