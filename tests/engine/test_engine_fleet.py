@@ -128,6 +128,13 @@ def test_a_response_learned_by_one_engine_drafts_on_another(model_tok, caplog) -
             assert got[m.SHARDS, "", "fleet"] == 1
             assert got[m.SHARD_TOKENS, "sql", "fleet"] > 0
             assert _metrics(a)[m.FLEET_PUBLISHED_TOTAL, "", ""] >= 1
+            # ... one lag observation per applied entry; the snapshot age once compacted
+            lag = f"{m.FLEET_LAG_SECONDS}_count", "", ""
+            assert got[lag] == got[m.FLEET_APPLIED_TOTAL, "", ""]
+            assert got[f"{m.FLEET_LAG_SECONDS}_bucket", "", ""] > 0
+            assert (m.FLEET_SNAPSHOT_AGE_SECONDS, "", "") not in got
+            assert fleet_b.subscribers["default"].compact(WAIT) is not None
+            assert 0 <= _metrics(b)[m.FLEET_SNAPSHOT_AGE_SECONDS, "", ""] < WAIT
             # A fresh engine without the fleet accepts fewer on the same prompt.
             on_fresh = _chat(fresh)
             assert _tokens(on_fresh) == _tokens(base)
