@@ -184,7 +184,7 @@ def concrete(expr: str, rate_interval: str = "1m") -> str:
 
 #: Series only a vLLM server (with the plugin, on a fleet) exports: vLLM's own, and the
 #: fleet lag, which the embedded engine does not measure.
-VLLM_SERIES = ("vllm:", "agentspec_fleet_lag_seconds")
+VLLM_SERIES = ("vllm:",)
 
 
 def is_vllm(expr: str) -> bool:

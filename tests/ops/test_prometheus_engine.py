@@ -13,9 +13,9 @@ two scrapes that follow the run:
 - the fleet's counters: published by A, applied and malformed on B; the
   pushes A answered (one shard pushed, one malformed snapshot refused);
 - every PromQL expression of docs/grafana/agentspec.json parses and returns
-  series (but those of ``ops_pipeline.VLLM_SERIES``: vLLM's own ``vllm:*``
-  and the fleet lag, which only the vLLM plugin exports;
-  integrations/vllm/tests/test_prometheus_vllm.py checks them), and the
+  series (but those of ``ops_pipeline.VLLM_SERIES``: vLLM's own ``vllm:*``;
+  integrations/vllm/tests/test_prometheus_vllm.py checks them), the fleet lag
+  and, after B's compaction, the snapshot age included; and the
   template variables list the pipeline's tenants and stages;
 - docs/prometheus/agentspec-alerts.yml loads and every rule evaluates
   without error.
@@ -96,6 +96,7 @@ def stack(model_tok: tuple[Any, Any], start_prometheus: Any) -> Iterator[Stack]:
             assert sub.wait_for(last, WAIT)
             bad = admin.xadd(log, {b"x": b"not an entry"})
             assert sub.wait_for(bad, WAIT)
+            assert sub.compact(WAIT) is not None  # a snapshot round: B's snapshot age
             applied = sum(c.requests for k, c in expected.items() if k[0] == "default")
             # two scrapes after the run: every series has two samples (rate() needs them)
             prom.wait_scraped(time.time())
@@ -187,6 +188,12 @@ def test_fleet_counters(stack: Stack) -> None:
         "": float(stack.applied_on_b)
     }
     assert prom.values('sum(agentspec_fleet_malformed_total{job="engine-b"})', "") == {"": 1.0}
+    # one lag observation per applied entry; B's snapshot age after its compaction
+    assert prom.values('sum(agentspec_fleet_lag_seconds_count{job="engine-b"})', "") == {
+        "": float(stack.applied_on_b)
+    }
+    ages = prom.values('max(agentspec_fleet_snapshot_age_seconds{job="engine-b"})', "")
+    assert 0 <= ages[""] < WAIT
 
 
 def test_push_counters(stack: Stack) -> None:

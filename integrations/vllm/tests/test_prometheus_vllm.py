@@ -9,8 +9,7 @@ scrapes vLLM's own ``/metrics``.  Then:
   requests and acceptance rate equal the proposer's own counters
   (``GET /v1/agentspec/stats``, summed over the workers);
 - every PromQL expression of docs/grafana/agentspec.json that reads vLLM's
-  own ``vllm:spec_decode_*`` series, or the fleet lag that only the plugin
-  exports (``ops_pipeline.VLLM_SERIES``), parses and returns
+  own ``vllm:spec_decode_*`` series (``ops_pipeline.VLLM_SERIES``), parses and returns
   series (the others are checked against the embedded engine in tests/ops).
 """
 
