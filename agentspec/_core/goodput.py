@@ -17,7 +17,10 @@ pass over a few rows runs as matrix-vector products and one over more rows
 as a matrix product, which can cost twice as much at once.  So each step
 size up to `SHAPE_TOKENS` tokens also learns its own factor over the line
 (the decayed mean of log(seconds / line), shrunk towards 1 while it has
-seen few steps of that size), and predictions are the line times it.  No
+seen few steps of that size), and predictions are the line times it where
+it is above 1, never below a smaller step, nor below the step without
+drafts plus the line's cost per further token (factors are measured at
+different times, under different load).  No
 constant is tuned for one machine: until it has seen ``min_samples`` steps
 it reports itself as not ready, and callers draft as they would without it.
 
@@ -87,6 +90,9 @@ _MAX_LOG_RATIO = 2.0
 #: cut to nothing is tried again once its evidence has faded).
 _STAGE_PRIOR = 1.0
 _STAGE_DECAY = 0.95
+#: A stage cut to nothing drafts again once its factor is this many times the
+#: factor it was cut at (so it is not re-tried at once, on the next draft).
+_STAGE_RETRY = 2.0
 
 
 def _stage(group: Hashable) -> Hashable:
@@ -188,15 +194,35 @@ class StepCostModel:
 
     def shape_factor(self, tokens: int) -> float:
         """How much slower than the line a step verifying ``tokens`` tokens was
-        observed to be (1.0 before any such step; shrunk towards 1.0 while few)."""
+        observed to be (1.0 before any such step; shrunk towards 1.0 while few;
+        `predict` uses it where it is above 1)."""
         shape = self._shape.get(min(tokens, SHAPE_TOKENS))
         if shape is None:
             return 1.0
         return math.exp(shape[1] / (shape[0] + _SHAPE_PRIOR))
 
+    def _shaped(self, batch: int, tokens: int) -> float:
+        return self._line(batch, tokens) * max(1.0, self.shape_factor(tokens))
+
     def predict(self, batch: int, tokens: int) -> float:
-        """Predicted seconds of a step: the line times `shape_factor`."""
-        return self._line(batch, tokens) * self.shape_factor(tokens)
+        """Predicted seconds of a step: the line times `shape_factor` where that is
+        above 1, never less than a smaller step of the same batch, nor than the
+        step without drafts plus the line's cost of each further token (a shape
+        factor is measured at other times than another size's, under other load:
+        it may raise a step's cost, never make a larger step look cheaper)."""
+        if not self._shape:
+            return self._line(batch, tokens)
+        first = max(batch, 1)
+        top = min(tokens, SHAPE_TOKENS)
+        if first > top:
+            return self._shaped(batch, tokens)
+        dt = self.coefficients[2]
+        base = seconds = self._shaped(batch, first)
+        for n in range(first + 1, top + 1):
+            seconds = max(self._shaped(batch, n), seconds, base + dt * (n - first))
+        if tokens > top:
+            seconds = max(self._shaped(batch, tokens), seconds, base + dt * (tokens - first))
+        return seconds
 
     @property
     def has_shape(self) -> bool:
@@ -339,7 +365,8 @@ class GoodputController:
         self._batch_class = size_class(1)  # the batch of the last `trim`
         # id(kept draft) -> (that draft, its expected accepted tokens when kept)
         self._pending: dict[int, tuple[Draft, float]] = {}
-        # stage -> [expected accepted tokens (calibrated), accepted tokens], decayed
+        # stage -> [expected accepted tokens (calibrated), tokens saved (both decayed),
+        # the factor to wait for after its drafts were cut to nothing (0: none)]
         self._stages: dict[Hashable, list[float]] = {}
 
     def note_batch(self, batch: int) -> None:
@@ -357,8 +384,8 @@ class GoodputController:
         needs many drafts; this ratio needs a few, and stops a stage whose drafts
         are never accepted (answers of a word or two that differ every time)
         from paying for their verification meanwhile.  Its evidence fades with
-        each draft of the stage offered to `trim`, so a stage cut to nothing
-        drafts again later and is re-measured.
+        each draft of the stage offered to `trim`; a stage cut to nothing drafts
+        again once its factor has doubled, and is measured again.
         """
         row = self._stages.get(_stage(group))
         if row is None:
@@ -424,7 +451,9 @@ class GoodputController:
         orders: list[list[int]] = []
         offers: list[list[float]] = []
         scaled: list[list[float]] = []
-        for d, g in zip(drafts, groups, strict=True):
+        limits = [len(d.token_ids) for d in drafts] if caps is None else list(caps)
+        factors: list[float] = []
+        for r, (d, g) in enumerate(zip(drafts, groups, strict=True)):
             path = self.corrected_path_probs(d, g)
             # descending probability; on ties the lower index (a parent) first
             order = [i for _, i in sorted((-p, i) for i, p in enumerate(path))]
@@ -432,12 +461,21 @@ class GoodputController:
             offer = [path[i] for i in order]
             offers.append(offer)
             factor = self.stage_factor(g)
+            factors.append(factor)
             scaled.append(offer if factor >= 1.0 else [p * factor for p in offer])
             row = self._stages.get(_stage(g)) if offer else None
             if row is not None:
                 row[0] *= _STAGE_DECAY
                 row[1] *= _STAGE_DECAY
-        lengths = allocate(scaled, self.cost, caps, undrafted)
+                if factor < row[2]:  # cut before: wait until the factor has recovered
+                    limits[r] = 0
+                else:
+                    row[2] = 0.0
+        lengths = allocate(scaled, self.cost, limits, undrafted)
+        for g, offer, factor, k in zip(groups, offers, factors, lengths, strict=True):
+            row = self._stages.get(_stage(g))
+            if row is not None and offer and not k and factor < 1.0 and not row[2]:
+                row[2] = min(1.0, _STAGE_RETRY * factor)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
         for d, offer, k in zip(out, offers, lengths, strict=True):
@@ -539,7 +577,7 @@ class GoodputController:
             expected = sum(self.corrected_path_probs(draft, group)[:verified])
         tally[2] += expected
         tally[3] += accepted
-        stage = self._stages.setdefault(_stage(group), [0.0, 0.0])
+        stage = self._stages.setdefault(_stage(group), [0.0, 0.0, 0.0])
         stage[0] += expected
         stage[1] += accepted if saved is None else max(0, saved)
 
@@ -584,7 +622,7 @@ class GoodputController:
                     "accepted": a,
                     "factor": min(1.0, (a + _STAGE_PRIOR) / (e + _STAGE_PRIOR)),
                 }
-                for stage, (e, a) in self._stages.items()
+                for stage, (e, a, _) in self._stages.items()
             },
             "calibration_groups": len(self.calibrator.groups()),
         }
