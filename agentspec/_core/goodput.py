@@ -91,7 +91,8 @@ _MAX_LOG_RATIO = 2.0
 _STAGE_PRIOR = 1.0
 _STAGE_DECAY = 0.95
 #: A stage cut to nothing drafts again once its factor is this many times the
-#: factor it was cut at (so it is not re-tried at once, on the next draft).
+#: factor it was cut at, or half way from there to 1 if that is less (so it is
+#: not re-tried at once, on the next draft).
 _STAGE_RETRY = 2.0
 
 
@@ -475,7 +476,7 @@ class GoodputController:
         for g, offer, factor, k in zip(groups, offers, factors, lengths, strict=True):
             row = self._stages.get(_stage(g))
             if row is not None and offer and not k and factor < 1.0 and not row[2]:
-                row[2] = min(1.0, _STAGE_RETRY * factor)
+                row[2] = min(_STAGE_RETRY * factor, (1.0 + factor) / 2)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
         for d, offer, k in zip(out, offers, lengths, strict=True):
