@@ -70,8 +70,10 @@ def test_every_integration_install_brings_the_core_from_the_checkout():
     cmds = _install_commands()
     assert len(cmds) >= 4, cmds  # the docs and setup scripts do install integrations
     for f, line in cmds:
-        # `-e .` / `-e "$ROOT"` (the checkout) in the same command
-        assert re.search(r"-e\s+(\.|\"\$ROOT\"|\$ROOT)(\s|$)", line), (f.name, line)
+        # the checkout in the same command: `-e .`, `-e "$ROOT"`, or (a deployment's
+        # non-editable install) `.` / `".[extra]"`
+        checkout = r"(\.|\.\[[\w,-]+\]|\"\.\[[\w,-]+\]\"|'\.\[[\w,-]+\]'|\"\$ROOT\"|\$ROOT)"
+        assert re.search(r"(^|\s)(-e\s+)?" + checkout + r"(\s|$)", line), (f.name, line)
 
 
 def test_no_doc_installs_agentspec_from_the_index():

@@ -14,9 +14,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from prereq import requires
+# Also run as a script (`plain_outputs_in_subprocess`), where the conftest that puts
+# the main suite's helpers on the path has not run.
+_MAIN_TESTS = str(Path(__file__).resolve().parents[3] / "tests")
+if _MAIN_TESTS not in sys.path:
+    sys.path.append(_MAIN_TESTS)
+
+from prereq import requires  # noqa: E402
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 requires_vllm = requires(
