@@ -313,8 +313,8 @@ class _Table:
         return tuple(cap.fold(value) for cap, value in zip(self.caps, labels, strict=True))
 
 
-class CounterTable(_Table):
-    """A counter family held as plain numbers: `add` is one dict update under a lock."""
+class _ValueTable(_Table):
+    """A family of one number per series (counters, gauges)."""
 
     def __init__(
         self,
@@ -325,6 +325,27 @@ class CounterTable(_Table):
     ) -> None:
         super().__init__(name, documentation, labelnames, max_values)
         self._values: dict[tuple[str, ...], float] = {}
+
+    def value(self, labels: tuple[str, ...] = ()) -> float:
+        """The series' value (0 if never added to or set)."""
+        with self._lock:
+            return self._values.get(labels, 0.0)
+
+    def items(self) -> list[tuple[tuple[str, ...], float]]:
+        """A snapshot of every series."""
+        with self._lock:
+            return list(self._values.items())
+
+    def family(self) -> Metric:
+        """The family as ``prometheus_client`` renders it."""
+        family = self._empty()
+        for labels, value in self.items():
+            family.add_metric(labels, value)  # type: ignore[attr-defined]
+        return family
+
+
+class CounterTable(_ValueTable):
+    """A counter family held as plain numbers: `add` is one dict update under a lock."""
 
     def add(self, labels: tuple[str, ...] = (), amount: float = 1.0) -> None:
         """Add ``amount`` (>= 0) to the series ``labels`` (one value per label name)."""
@@ -337,39 +358,12 @@ class CounterTable(_Table):
         with self._lock:
             values[key] = values.get(key, 0.0) + amount
 
-    def value(self, labels: tuple[str, ...] = ()) -> float:
-        """The series' count (0 if never added to)."""
-        with self._lock:
-            return self._values.get(labels, 0.0)
-
-    def items(self) -> list[tuple[tuple[str, ...], float]]:
-        """A snapshot of every series."""
-        with self._lock:
-            return list(self._values.items())
-
     def _empty(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
-    def family(self) -> CounterMetricFamily:
-        """The family as ``prometheus_client`` renders it."""
-        family = self._empty()
-        for labels, value in self.items():
-            family.add_metric(labels, value)
-        return family
 
-
-class GaugeTable(_Table):
+class GaugeTable(_ValueTable):
     """A gauge family held as plain numbers (`set` replaces a series' value)."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str] = (),
-        max_values: int | None = None,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, max_values)
-        self._values: dict[tuple[str, ...], float] = {}
 
     def set(self, labels: tuple[str, ...] = (), value: float = 0.0) -> None:
         """Set the series ``labels`` to ``value``.
@@ -391,25 +385,8 @@ class GaugeTable(_Table):
         with self._lock:
             self._values.clear()
 
-    def value(self, labels: tuple[str, ...] = ()) -> float:
-        """The series' value (0 if never set)."""
-        with self._lock:
-            return self._values.get(labels, 0.0)
-
-    def items(self) -> list[tuple[tuple[str, ...], float]]:
-        """A snapshot of every series."""
-        with self._lock:
-            return list(self._values.items())
-
     def _empty(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-
-    def family(self) -> GaugeMetricFamily:
-        """The family as ``prometheus_client`` renders it."""
-        family = self._empty()
-        for labels, value in self.items():
-            family.add_metric(labels, value)
-        return family
 
 
 class HistogramTable(_Table):
