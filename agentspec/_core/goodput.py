@@ -12,17 +12,9 @@ and the tokens verified ``n`` (``b`` plus every draft token)::
 
 fitted by recursive least squares with exponential forgetting (``decay``
 per observation, so it follows load changes), coefficients clipped at zero
-when predicting.  Real steps are not linear in ``n``: on a CPU a forward
-pass over a few rows runs as matrix-vector products and one over more rows
-as a matrix product, which can cost twice as much at once.  So each step
-size up to `SHAPE_TOKENS` tokens also learns its own factor over the line
-(the decayed mean of log(seconds / line), shrunk towards 1 while it has
-seen few steps of that size), and predictions are the line times it where
-it is above 1, never below a smaller step, nor below the step without
-drafts plus the line's cost per further token (factors are measured at
-different times, under different load).  No
-constant is tuned for one machine: until it has seen ``min_samples`` steps
-it reports itself as not ready, and callers draft as they would without it.
+when predicting.  No constant is tuned for one machine: until it has seen
+``min_samples`` steps it reports itself as not ready, and callers draft as
+they would without it.
 
 `allocate` chooses each request's draft length for one step to maximise
 expected tokens produced per second of step time.  Each request ``r``
@@ -34,20 +26,17 @@ calibrated, see `agentspec._core.calibration`).  A step with draft lengths
 takes ``cost(b, b + sum_r L_r)``.  Adding a token of path probability p to
 a step with ``N`` expected tokens and time ``t`` helps iff ``p * t > N *
 dt`` (dt: the marginal cost of one more token), so the greedy rule takes
-the batch's tokens in descending p and keeps the prefix of that order with
-the highest expected tokens per second; with path probabilities decreasing
-along each draft this is the optimum for a linear cost, and with the step
-shape factors a draft that would cross into a dearer shape must pay for
-the jump.  Free verification (``dt = 0``, no shape) keeps every offered
-token; very expensive verification keeps none but the tokens that are
-certain (p = 1 is always worth it under a linear cost: the step already
+the batch's tokens in descending p and stops at the first that does not
+help; with path probabilities decreasing along each draft this is the
+optimum for a linear cost.  Free verification (``dt = 0``) keeps every
+offered token; very expensive verification keeps none but the tokens that
+are certain (p = 1 is always worth it under a linear cost: the step already
 pays for the request's own token).
 
 `GoodputController` puts the parts together for an engine: it corrects
 each draft's probabilities (`AcceptanceCalibrator`, per group such as
-(stage, source tree), then `GoodputController.stage_factor`, a fast
-per-stage check of what the drafts really realise), allocates draft lengths
-over the batch with the step-cost model, and trims the drafts (a tree draft keeps its most
+(stage, source tree)), allocates draft lengths over the batch with the
+step-cost model, and trims the drafts (a tree draft keeps its most
 probable nodes, every kept node's parent included).  The engine reports
 back what each step verified (`GoodputController.observe_step`) and how
 much of each draft was accepted (`GoodputController.observe_accepted` for a
@@ -72,40 +61,6 @@ __all__ = ["GoodputController", "StepCostModel", "allocate", "size_class", "trim
 
 #: Kept drafts whose expected accepted tokens wait for their verification report.
 _MAX_PENDING = 4096
-
-
-#: Steps verifying up to this many tokens get a step-shape factor of their own
-#: (`StepCostModel.shape_factor`); larger ones share the factor of this size.
-SHAPE_TOKENS = 16
-#: Forgetting per observation of a step shape, its prior weight (pseudo-steps at
-#: factor 1), and the largest |log(seconds / line)| one step contributes.
-_SHAPE_DECAY = 0.98
-_SHAPE_PRIOR = 4.0
-_MAX_LOG_RATIO = 2.0
-
-
-#: Per stage, pseudo-tokens of evidence that drafts are accepted as calibrated
-#: (`GoodputController.stage_factor`), and the weight old evidence keeps per draft
-#: of the stage offered to `GoodputController.trim` (so a stage whose drafts were
-#: cut to nothing is tried again once its evidence has faded).
-_STAGE_PRIOR = 1.0
-_STAGE_DECAY = 0.95
-#: A stage cut to nothing drafts again once its factor is this many times the
-#: factor it was cut at, or half way from there to 1 if that is less (so it is
-#: not re-tried at once, on the next draft).
-_STAGE_RETRY = 2.0
-
-
-def _stage(group: Hashable) -> Hashable:
-    """The stage of a calibration group: a tuple group's first element, else the group."""
-    return group[0] if isinstance(group, tuple) and group else group
-
-
-def _label(stage: Hashable) -> str:
-    """A stage as a JSON key ("pipeline/stage" for a tuple)."""
-    if isinstance(stage, tuple):
-        return "/".join("-" if x is None else str(x) for x in stage)
-    return str(stage)
 
 
 def size_class(n: int) -> int:
@@ -144,8 +99,6 @@ class StepCostModel:
         self._p = [[1.0 / prior if i == j else 0.0 for j in range(3)] for i in range(3)]
         # size class of the verified tokens -> [steps, seconds, predicted seconds]
         self._by_size: dict[int, list[float]] = {}
-        # step shape: min(tokens, SHAPE_TOKENS) -> [weight, weighted sum of log(seconds / line)]
-        self._shape: dict[int, list[float]] = {}
 
     @property
     def ready(self) -> bool:
@@ -173,12 +126,6 @@ class StepCostModel:
             tally[0] += 1
             tally[1] += seconds
             tally[2] += self.predict(batch, tokens)
-            line = self._line(batch, tokens)
-            if line > 0 and seconds > 0:
-                shape = self._shape.setdefault(min(tokens, SHAPE_TOKENS), [0.0, 0.0])
-                ratio = min(max(math.log(seconds / line), -_MAX_LOG_RATIO), _MAX_LOG_RATIO)
-                shape[0] = shape[0] * _SHAPE_DECAY + 1.0
-                shape[1] = shape[1] * _SHAPE_DECAY + ratio
         x = (1.0, float(batch), float(tokens))
         p, lam = self._p, self.decay
         px = [sum(p[i][j] * x[j] for j in range(3)) for i in range(3)]
@@ -189,46 +136,10 @@ class StepCostModel:
         self._p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
         self.samples += 1
 
-    def _line(self, batch: int, tokens: int) -> float:
+    def predict(self, batch: int, tokens: int) -> float:
+        """Predicted seconds of a step."""
         c0, c1, c2 = self.coefficients
         return c0 + c1 * batch + c2 * tokens
-
-    def shape_factor(self, tokens: int) -> float:
-        """How much slower than the line a step verifying ``tokens`` tokens was
-        observed to be (1.0 before any such step; shrunk towards 1.0 while few;
-        `predict` uses it where it is above 1)."""
-        shape = self._shape.get(min(tokens, SHAPE_TOKENS))
-        if shape is None:
-            return 1.0
-        return math.exp(shape[1] / (shape[0] + _SHAPE_PRIOR))
-
-    def _shaped(self, batch: int, tokens: int) -> float:
-        return self._line(batch, tokens) * max(1.0, self.shape_factor(tokens))
-
-    def predict(self, batch: int, tokens: int) -> float:
-        """Predicted seconds of a step: the line times `shape_factor` where that is
-        above 1, never less than a smaller step of the same batch, nor than the
-        step without drafts plus the line's cost of each further token (a shape
-        factor is measured at other times than another size's, under other load:
-        it may raise a step's cost, never make a larger step look cheaper)."""
-        if not self._shape:
-            return self._line(batch, tokens)
-        first = max(batch, 1)
-        top = min(tokens, SHAPE_TOKENS)
-        if first > top:
-            return self._shaped(batch, tokens)
-        dt = self.coefficients[2]
-        base = seconds = self._shaped(batch, first)
-        for n in range(first + 1, top + 1):
-            seconds = max(self._shaped(batch, n), seconds, base + dt * (n - first))
-        if tokens > top:
-            seconds = max(self._shaped(batch, tokens), seconds, base + dt * (tokens - first))
-        return seconds
-
-    @property
-    def has_shape(self) -> bool:
-        """Whether any step shape was observed (`shape_factor` may differ from 1)."""
-        return bool(self._shape)
 
     def token_cost(self) -> float:
         """Marginal seconds of verifying one more token."""
@@ -289,37 +200,25 @@ def allocate(
     if not model.ready or b == 0:
         return limits
     dt = model.token_cost()
-    if dt <= 0.0 and not model.has_shape:
+    if dt <= 0.0:
         return limits
     out = [0] * b
     rows = b + undrafted
     expected = float(rows)
-    tokens = rows
-    best = expected / max(model.predict(rows, tokens), 1e-12)
-    taken: list[int] = []  # requests in the order their tokens were taken
-    keep = 0  # how many of `taken` the best step so far keeps
+    seconds = model.predict(rows, rows)
     # max-heap of (next token's path probability, request)
     heap = [(-path_probs[r][0], r) for r in range(b) if limits[r] > 0]
     heapq.heapify(heap)
     while heap:
         neg_p, r = heapq.heappop(heap)
         p = -neg_p
-        if p <= 0.0:
+        if p <= 0.0 or p * seconds <= expected * dt:
             break
-        expected += p
-        tokens += 1
-        taken.append(r)
-        rate = expected / max(model.predict(rows, tokens), 1e-12)
-        if rate > best:
-            best, keep = rate, len(taken)
-        elif tokens >= SHAPE_TOKENS:
-            break  # past the shaped sizes the cost is linear: the rate only falls from here
         out[r] += 1
+        expected += p
+        seconds += dt
         if out[r] < limits[r]:
             heapq.heappush(heap, (-path_probs[r][out[r]], r))
-    out = [0] * b
-    for r in taken[:keep]:
-        out[r] += 1
     return out
 
 
@@ -366,32 +265,11 @@ class GoodputController:
         self._batch_class = size_class(1)  # the batch of the last `trim`
         # id(kept draft) -> (that draft, its expected accepted tokens when kept)
         self._pending: dict[int, tuple[Draft, float]] = {}
-        # stage -> [expected accepted tokens (calibrated), tokens saved (both decayed),
-        # the factor to wait for after its drafts were cut to nothing (0: none)]
-        self._stages: dict[Hashable, list[float]] = {}
 
     def note_batch(self, batch: int) -> None:
         """Tell the controller the batch of a step whose drafts bypass `trim` (the
         fixed policy), so acceptance is tallied under the right batch class."""
         self._batch_class = size_class(batch)
-
-    def stage_factor(self, group: Hashable) -> float:
-        """How much of what the calibrator expects the drafts of ``group``'s stage
-        (a tuple group's first element, e.g. the pipeline stage) have recently
-        realised: ``(accepted + prior) / (expected + prior)`` over its verified
-        drafts, capped at 1.  `trim` scales the stage's path probabilities by it.
-
-        The calibrator corrects per group, depth and probability bucket, so it
-        needs many drafts; this ratio needs a few, and stops a stage whose drafts
-        are never accepted (answers of a word or two that differ every time)
-        from paying for their verification meanwhile.  Its evidence fades with
-        each draft of the stage offered to `trim`; a stage cut to nothing drafts
-        again once its factor has doubled, and is measured again.
-        """
-        row = self._stages.get(_stage(group))
-        if row is None:
-            return 1.0
-        return min(1.0, (row[1] + _STAGE_PRIOR) / (row[0] + _STAGE_PRIOR))
 
     @property
     def active(self) -> bool:
@@ -451,32 +329,13 @@ class GoodputController:
             return out
         orders: list[list[int]] = []
         offers: list[list[float]] = []
-        scaled: list[list[float]] = []
-        limits = [len(d.token_ids) for d in drafts] if caps is None else list(caps)
-        factors: list[float] = []
-        for r, (d, g) in enumerate(zip(drafts, groups, strict=True)):
+        for d, g in zip(drafts, groups, strict=True):
             path = self.corrected_path_probs(d, g)
             # descending probability; on ties the lower index (a parent) first
             order = [i for _, i in sorted((-p, i) for i, p in enumerate(path))]
             orders.append(order)
-            offer = [path[i] for i in order]
-            offers.append(offer)
-            factor = self.stage_factor(g)
-            factors.append(factor)
-            scaled.append(offer if factor >= 1.0 else [p * factor for p in offer])
-            row = self._stages.get(_stage(g)) if offer else None
-            if row is not None:
-                row[0] *= _STAGE_DECAY
-                row[1] *= _STAGE_DECAY
-                if factor < row[2]:  # cut before: wait until the factor has recovered
-                    limits[r] = 0
-                else:
-                    row[2] = 0.0
-        lengths = allocate(scaled, self.cost, limits, undrafted)
-        for g, offer, factor, k in zip(groups, offers, factors, lengths, strict=True):
-            row = self._stages.get(_stage(g))
-            if row is not None and offer and not k and factor < 1.0 and not row[2]:
-                row[2] = min(_STAGE_RETRY * factor, (1.0 + factor) / 2)
+            offers.append([path[i] for i in order])
+        lengths = allocate(offers, self.cost, caps, undrafted)
         out = [trim_draft(d, o, k) for d, o, k in zip(drafts, orders, lengths, strict=True)]
         self.kept += sum(lengths)
         for d, offer, k in zip(out, offers, lengths, strict=True):
@@ -528,7 +387,7 @@ class GoodputController:
             while k < n and ids[k] == tokens[k]:
                 k += 1
             verified = k + 1 if k < n else k  # a rejection only where a token was compared
-            self._tally(group, draft, len(ids), k, min(k, len(tokens) - 1))
+            self._tally(group, draft, len(ids), k)
             cond = conditional_probs(draft.probs[:verified], parents[:verified])
             self.calibrator.observe_outcomes(group, [(c, i < k) for i, c in enumerate(cond)])
             return k
@@ -555,32 +414,23 @@ class GoodputController:
             if nxt < 0:
                 break
             node, k = nxt, k + 1
-        self._tally(group, draft, len(ids), k, min(k, len(tokens) - 1))
+        self._tally(group, draft, len(ids), k)
         self.calibrator.observe_outcomes(group, outcomes, depths)
         return k
 
-    def _tally(
-        self, group: Hashable, draft: Draft, verified: int, accepted: int, saved: int | None = None
-    ) -> None:
+    def _tally(self, group: Hashable, draft: Draft, verified: int, accepted: int) -> None:
         """Count a verified draft's expected (corrected: as `trim` predicted when it
         kept the draft, else before this outcome is learned) and accepted tokens
-        under the batch class of the last step, and for its stage the tokens it
-        ``saved`` (default: ``accepted``): an accepted token that ends the output
-        (EOS, a stop string, the length limit) saves no step, since the step's
-        own token after it is dropped."""
+        under the batch class of the last step."""
         tally = self._by_batch.setdefault(self._batch_class, [0, 0, 0.0, 0])
         tally[0] += 1
         tally[1] += verified
         hit = self._pending.pop(id(draft), None)
         if hit is not None and hit[0] is draft and verified == len(draft.token_ids):
-            expected = hit[1]
+            tally[2] += hit[1]
         else:
-            expected = sum(self.corrected_path_probs(draft, group)[:verified])
-        tally[2] += expected
+            tally[2] += sum(self.corrected_path_probs(draft, group)[:verified])
         tally[3] += accepted
-        stage = self._stages.setdefault(_stage(group), [0.0, 0.0, 0.0])
-        stage[0] += expected
-        stage[1] += accepted if saved is None else max(0, saved)
 
     def observe_step(self, batch: int, tokens: int, seconds: float) -> None:
         """Report a verification step: ``batch`` requests, ``tokens`` verified, its time."""
@@ -618,14 +468,6 @@ class GoodputController:
                     "accepted": int(a),
                 }
                 for k, (d, t, e, a) in sorted(self._by_batch.items())
-            },
-            "acceptance_by_stage": {
-                _label(stage): {
-                    "expected": e,
-                    "accepted": a,
-                    "factor": min(1.0, (a + _STAGE_PRIOR) / (e + _STAGE_PRIOR)),
-                }
-                for stage, (e, a, _) in self._stages.items()
             },
             "calibration_groups": len(self.calibrator.groups()),
             "calibration_error": self.calibrator.depth_errors(),

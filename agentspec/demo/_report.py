@@ -350,9 +350,6 @@ class DemoReport:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
-    #: The embedded engine's goodput controller at the end (`GoodputController.stats`);
-    #: empty for another server.
-    goodput: dict[str, Any] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -464,7 +461,6 @@ class DemoReport:
                 )
             ],
             "checks": [{**asdict(c), "ok": c.ok} for c in self.checks()],
-            "goodput": self.goodput,
         }
 
 
@@ -804,7 +800,6 @@ def format_table(report: DemoReport) -> str:
         state = "ok" if check.ok else "MISSED"
         lines.append(f"  [{state}] {check.name}: {_f(check.value)} (wanted {check.wanted()})")
     lines.extend(_time_table(report))
-    lines.extend(_shape_lines(report))
     lines.extend(_legend(report.settled_from))
     return "\n".join(lines)
 
@@ -852,39 +847,6 @@ def _time_table(report: DemoReport) -> list[str]:
                 subsequent_indent=" " * (width + 4),
             )
         )
-    return lines
-
-
-def _shape_lines(report: DemoReport) -> list[str]:
-    """What a verification step cost by its size, and what each stage's drafts saved
-    (from the embedded engine's goodput controller; nothing for another server)."""
-    cost = report.goodput.get("step_cost") or {}
-    sizes = cost.get("by_tokens") or {}
-    if not sizes:
-        return []
-    lines = [
-        "",
-        "step shape: a verification step's cost by the tokens it verifies (the pending "
-        "token and the draft), both runs:",
-        f"  {'tokens':<8}" + "".join(f"{k:>8}" for k in sizes),
-        f"  {'steps':<8}" + "".join(f"{v['steps']:>8}" for v in sizes.values()),
-        f"  {'ms/step':<8}" + "".join(f"{1e3 * v['seconds']:>8.1f}" for v in sizes.values()),
-        f"  {'fit ms':<8}" + "".join(f"{1e3 * v['predicted']:>8.1f}" for v in sizes.values()),
-        "  the draft is cut where the expected accepted tokens no longer pay for a dearer step",
-    ]
-    stages = report.goodput.get("acceptance_by_stage") or {}
-    if stages:
-        lines.append(
-            "drafts verified per stage: expected accepted tokens (calibrated), tokens that "
-            "saved a step, and the scale applied to the stage's draft probabilities:"
-        )
-        for name, v in stages.items():
-            if name.endswith("-"):  # requests without a stage (the warm-up)
-                continue
-            lines.append(
-                f"  {name.rsplit('/', 1)[-1]:<10} expected {v['expected']:6.1f}  "
-                f"saved {v['accepted']:6.1f}  scale {v['factor']:.2f}"
-            )
     return lines
 
 

@@ -473,7 +473,6 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
     timings: list[QuestionTiming] = []
     request_errors: list[tuple[str, str, str, str]] = []
     threads: int | None = None
-    goodput: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         if config.base_url is None:
             server, model, threads = _start_engine(
@@ -532,8 +531,6 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
                     final_ok,
                 )
             )
-        if config.base_url is None:
-            goodput = server.engine.goodput.stats()
     bar.show(
         f"done: {sum(t.seconds_off for t in timings):.1f}s off, "
         f"{sum(t.seconds_on for t in timings):.1f}s on",
@@ -558,7 +555,6 @@ def run_demo(config: DemoConfig, *, progress: TextIO | None = None) -> DemoResul
         settings=settings,
     )
     report.warnings[:0] = warnings
-    report.goodput = goodput
     # Requests that got no answer at all (connection errors, timeouts) are only in the
     # pipeline's records; answers with an error status are already in the wire records.
     answered = {

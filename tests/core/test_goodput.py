@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agentspec._core.goodput import SHAPE_TOKENS, StepCostModel, allocate
+from agentspec._core.goodput import StepCostModel, allocate
 from agentspec.exceptions import InvalidArgumentError
 
 
@@ -255,104 +255,3 @@ def test_a_kept_draft_is_tallied_with_what_trim_expected_of_it():
     now = sum(ctl.corrected_path_probs(other, "g"))
     ctl.observe_verified("g", other, [8, 2])
     assert ctl.stats()["acceptance_by_batch"]["1"]["expected"] == pytest.approx(predicted + now)
-
-
-# --- step shape and per-stage acceptance ---------------------------------------
-
-
-def _stepped(
-    jump: float, *, at: int = 4, n: int = 400, base: float = 0.1, per_token: float = 0.001
-) -> StepCostModel:
-    """One request per step (an embedded engine); steps of ``at`` or more tokens cost
-    ``jump`` times more than smaller ones, plus ``per_token``."""
-    rng = random.Random(13)
-    m = StepCostModel()
-    for _ in range(n):
-        t = rng.choice([1, 1, 1, 2, 3, 4, 5, 8, 12])
-        m.observe(1, t, base * (jump if t >= at else 1.0) + per_token * t)
-    return m
-
-
-def test_the_shape_factors_learn_a_jump_the_line_cannot_fit():
-    m = _stepped(2.0)
-    assert m.predict(1, 4) == pytest.approx(0.204, rel=0.1)
-    assert 0.212 < m.predict(1, 12) < 1.2 * 0.212  # at least the line's cost per token
-    # below the jump the line (pulled up by the dear steps) is kept: never below it
-    assert m.shape_factor(3) < 1.0 < m.shape_factor(4)
-    assert 0.103 < m.predict(1, 3) < m._line(1, 3) * 1.001
-    assert m.predict(1, 4) > 1.4 * m.predict(1, 3)
-    assert m.shape_factor(100) == m.shape_factor(SHAPE_TOKENS)
-    assert StepCostModel().shape_factor(5) == 1.0
-
-
-def test_a_larger_step_is_never_predicted_cheaper_than_a_smaller_one():
-    m = _stepped(1.0, per_token=0.01)
-    for _ in range(200):  # single-token steps under a burst of load
-        m.observe(1, 1, 0.5)
-    c2 = m.coefficients[2]
-    assert m.shape_factor(1) > 1.1 > m.shape_factor(2)
-    costs = [m.predict(1, t) for t in range(1, 40)]
-    assert all(b >= a for a, b in itertools.pairwise(costs))
-    assert all(c >= costs[0] + c2 * t - 1e-12 for t, c in enumerate(costs))
-
-
-def test_a_draft_crosses_into_a_dearer_step_shape_only_when_it_pays_for_the_jump():
-    m = _stepped(2.0)
-    # the line alone would keep all eight tokens of a fair draft
-    fair = [[0.8, 0.6, 0.4, 0.25, 0.15, 0.1, 0.06, 0.04]]
-    assert allocate(fair, m) == [2]  # three rows: the cheap shape
-    sure = [[0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92]]
-    assert allocate(sure, m) == [8]  # worth the dearer shape
-    flat = _stepped(1.0)  # no jump: the line and the greedy rule as before
-    assert allocate(fair, flat) == [8]
-    best = max(range(9), key=lambda n: _goodput(fair, [n], m))
-    assert allocate(fair, m) == [best]
-
-
-def test_a_stage_whose_drafts_are_never_accepted_stops_drafting_and_later_tries_again():
-    from agentspec import Draft, GoodputController
-
-    ctl = GoodputController(cost=_stepped(1.2, per_token=0.02))
-    chain = Draft([5, 6, 7, 8], [-1, 0, 1, 2], [0.9, 0.8, 0.7, 0.6], 3.0, 4, "local")
-    dead, live = (("p", "Enrich"), "local", 4), (("p", "Extract"), "local", 4)
-    assert ctl.stage_factor(dead) == 1.0
-    (kept,) = ctl.trim([chain], [dead])
-    assert len(kept.token_ids) == 4
-    rounds = 0
-    while kept.token_ids:
-        ctl.observe_verified(dead, kept, [9, 2])  # the first token is always wrong
-        (kept,) = ctl.trim([chain], [dead])
-        rounds += 1
-    assert rounds <= 3
-    assert ctl.stage_factor(dead) < 0.3
-    # another group of the same stage learned it too; another stage did not
-    assert ctl.stage_factor((("p", "Enrich"), "global", 2)) == ctl.stage_factor(dead)
-    (other,) = ctl.trim([chain], [live])
-    assert len(other.token_ids) == 4
-    assert ctl.stage_factor(live) == 1.0
-    # cut drafts are never verified: the stage's evidence fades until it drafts again
-    tries = 1
-    while not ctl.trim([chain], [dead])[0].token_ids:
-        tries += 1
-        assert tries < 40
-    assert tries > 3
-    stats = ctl.stats()["acceptance_by_stage"]
-    assert stats["p/Enrich"]["accepted"] == 0
-    assert stats["p/Enrich"]["expected"] > 0
-    assert stats["p/Enrich"]["factor"] == pytest.approx(ctl.stage_factor(dead))
-
-
-def test_an_accepted_token_that_ends_the_output_saves_no_step_for_its_stage():
-    from agentspec import Draft, GoodputController
-
-    ctl = GoodputController()
-    eos = Draft([2], [-1], [0.9], 0.9, 3, "global")
-    group = (("p", "Enrich"), "global", 2)
-    # the output ended at the accepted token: the step's own token after it is dropped
-    assert ctl.observe_verified(group, eos, [2]) == 1
-    chain = Draft([5, 6], [-1, 0], [0.9, 0.8], 1.7, 3, "global")
-    assert ctl.observe_verified(group, chain, [5, 6, 7]) == 2  # two saved
-    stage = ctl.stats()["acceptance_by_stage"]["p/Enrich"]
-    assert stage["accepted"] == 2
-    assert stage["expected"] == pytest.approx(0.9 + 1.7, rel=0.05)  # as calibrated
-    assert ctl.stats()["acceptance_by_batch"]["1"]["accepted"] == 3

@@ -510,33 +510,6 @@ def test_report_sums_and_checks():
     assert report.median_question_speedup == pytest.approx(1.75)
 
 
-def test_the_step_shape_and_the_stages_drafts_are_shown_from_the_engine():
-    from agentspec import Draft, GoodputController
-    from agentspec._core.goodput import StepCostModel
-
-    off = [_rec("off", "Enrich", 0, 4, steps=2)]
-    on = [_rec("on", "Enrich", 10, 11, steps=2)]
-    report = build_report(
-        off, on, [QuestionTiming("s0", "db", 4, 1)], model="m", server="s", source="x"
-    )
-    assert "step shape" not in format_table(report)  # another server: nothing to show
-    cost = StepCostModel(min_samples=3)
-    for t in (1, 1, 1, 2, 6, 1, 6, 2):
-        cost.observe(1, t, 0.1 if t < 4 else 0.2)
-    ctl = GoodputController(cost=cost)
-    ctl.observe_verified((("p", "Enrich"), "local", 4), Draft([5], [-1], [0.8], 0.8, 4, "l"), [6])
-    report.goodput = ctl.stats()
-    table = format_table(report)
-    assert "step shape" in table
-    sizes = report.goodput["step_cost"]["by_tokens"]
-    assert set(sizes) == {"1", "2-3", "4-7"}
-    ms = next(line for line in table.splitlines() if line.strip().startswith("ms/step"))
-    assert ms.split()[1:] == [f"{1e3 * v['seconds']:.1f}" for v in sizes.values()]
-    shown = table[table.index("drafts verified per stage") :].splitlines()[1]
-    assert shown.split() == ["Enrich", "expected", "0.8", "saved", "0.0", "scale", "0.56"]
-    assert report.to_json()["goodput"]["acceptance_by_stage"]["p/Enrich"]["accepted"] == 0
-
-
 def test_uncapped_speedup_leaves_out_capped_calls():
     off = [
         _rec("off", "Extract", 0, 4, steps=4),
@@ -770,6 +743,3 @@ def test_real_run_on_the_embedded_engine(tmp_path, capsys):
     assert all(c["valid"] is not None for c in calls)
     _assert_counts_match_records(report, calls)
     _assert_table_explained(out, settled="q>=1")
-    assert "step shape" in out  # the engine's step costs by size, and its stages' drafts
-    assert report["goodput"]["step_cost"]["samples"] > 0
-    assert report["goodput"]["acceptance_by_stage"]
