@@ -13,7 +13,14 @@ drafting policy (``counts``: `DraftParams()`, arctic's rule).  Greedy outputs ar
 identical; printed per mode and per round: completion tokens, wall time,
 tokens/s, verification steps and tokens per step, and the ratios to off.
 
+Before those, ``off`` and ``goodput`` run once more with the model's stock
+PyTorch kernels (``EngineOptions(cpu_kernels=False)``; the runs after them
+pack the model in place, `agentspec.engine.optimize_for_cpu`), so the last
+lines compare the engine's default with what it was before its CPU kernels:
+each against stock ``off``.  ``--no-stock`` skips them.
+
     python benchmarks/bench_engine.py [--threads 1] [--rounds 3] [--max-tokens 64] [--tree]
+        [--no-stock]
 
 Needs the ``local`` extra (torch, transformers) and the openai package.
 """
@@ -70,13 +77,14 @@ STAGES: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def run_workload(model, tok, args, speculate, goodput=True, draft_params=None):
+def run_workload(model, tok, args, speculate, goodput=True, draft_params=None, cpu_kernels=True):
     """Serve the workload on a fresh server; returns per-round totals and the outputs."""
     opts = EngineOptions(
         tree_drafts=args.tree,
         default_max_tokens=args.max_tokens,
         goodput=goodput,
         draft_params=draft_params,
+        cpu_kernels=cpu_kernels,
     )
     rounds = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "steps": 0, "accepted": 0})
     outputs = {}
@@ -146,6 +154,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--tree", action="store_true", help="tree drafts instead of chains")
+    ap.add_argument(
+        "--no-stock",
+        dest="stock",
+        action="store_false",
+        help="skip the runs on the model's stock PyTorch kernels",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model)
@@ -155,6 +169,10 @@ def main():
         f"({len(STAGES)} stages x 3 inputs x {args.rounds} rounds), max_tokens {args.max_tokens}, "
         f"{'tree' if args.tree else 'chain'} drafts"
     )
+    stock = {}
+    if args.stock:  # before anything packs the model
+        stock["stock off"] = run_workload(model, tok, args, speculate=False, cpu_kernels=False)
+        stock["stock goodput"] = run_workload(model, tok, args, speculate=True, cpu_kernels=False)
     off_rounds, off_out = run_workload(model, tok, args, speculate=False)
     fixed_rounds, fixed_out = run_workload(model, tok, args, speculate=True, goodput=False)
     on_rounds, on_out = run_workload(model, tok, args, speculate=True)
@@ -178,6 +196,16 @@ def main():
             ref = off_rounds[r]["tokens"] / off_rounds[r]["seconds"]
             print(f"{text}   speedup x{r_tps / ref:.2f}")
         print(f"ratio {name}/off: tokens/s x{tps / off_tps:.2f}, tokens/step x{ps / off_ps:.2f}")
+    if stock:
+        stock_same = stock["stock off"][1] == stock["stock goodput"][1]
+        print(f"stock kernels: outputs identical with speculation off and on: {stock_same}")
+        same = same and stock_same
+        _, base_tps, _ = line("stock off", summary(stock["stock off"][0]))
+        for name, (rounds, _) in (*stock.items(), ("off", (off_rounds, None))):
+            text, tps, _ = line(name, summary(rounds))
+            print(f"{text}   tokens/s x{tps / base_tps:.2f} of stock off")
+        text, tps, _ = line("goodput", summary(on_rounds))
+        print(f"{text}   tokens/s x{tps / base_tps:.2f} of stock off")
     if not same:
         raise SystemExit("outputs differ: speculation was not lossless")
 

@@ -10,8 +10,14 @@ Part 2 (cost): the time of one verification forward pass over the pending
 token plus n draft nodes (n = 0, 1, 4, 8, 16, 32), for chains and trees,
 relative to n = 0 (a plain decode step).
 
+Both parts run first with the model's stock PyTorch kernels, then with the
+embedded engine's CPU kernels (`agentspec.engine.optimize_for_cpu`: oneDNN-packed
+linear layers, grouped attention heads kept grouped), in the same process;
+a last table prints the optimized cost over the stock one per draft size
+(``--kernels stock`` or ``--kernels cpu`` runs only one).
+
     python benchmarks/bench_verify.py [--model smollm2-135m] [--threads 1]
-        [--max-new 64] [--repeats 3] [--context 256]
+        [--max-new 64] [--repeats 3] [--context 256] [--kernels stock,cpu]
 
 Medians over ``--repeats`` runs are printed.  Needs the ``local`` extra.
 """
@@ -25,7 +31,13 @@ import time
 import torch
 
 from agentspec import Speculator
-from agentspec.engine import DraftTree, Verifier, generate_greedy, speculator_drafter
+from agentspec.engine import (
+    DraftTree,
+    Verifier,
+    generate_greedy,
+    optimize_for_cpu,
+    speculator_drafter,
+)
 from agentspec.models import load_model
 
 PROMPTS = [
@@ -122,6 +134,7 @@ def bench_forward_cost(verifier, tok, context, sizes, repeats):
     ids = tok(text)["input_ids"][:context]
     verifier.prefill(ids)
     base = None
+    medians = {}
     for n in [0, *sizes]:
         line = f"n={n:3d}"
         for kind in ("chain", "tree"):
@@ -136,9 +149,22 @@ def bench_forward_cost(verifier, tok, context, sizes, repeats):
                 times.append(time.perf_counter() - t0)
                 verifier.discard(tree)
             med = statistics.median(times[1:]) * 1000
+            medians[(n, kind)] = med
             base = base if base is not None else med
             line += f"  {kind}: {med:7.1f} ms ({med / base:4.2f}x)"
         print(line)
+    return medians
+
+
+def print_kernel_ratios(costs):
+    """The optimized kernels' forward-pass time over the stock ones', per draft size."""
+    stock, cpu = costs["stock"], costs["cpu"]
+    print("== cpu kernels / stock kernels, forward-pass time (same run; < 1: faster)")
+    for (n, kind), med in stock.items():
+        print(
+            f"n={n:3d} {kind:5s}  stock {med:7.1f} ms  cpu {cpu[(n, kind)]:7.1f} ms  "
+            f"ratio {cpu[(n, kind)] / med:4.2f}"
+        )
 
 
 def main():
@@ -150,19 +176,39 @@ def main():
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--sizes", default="1,4,8,16,32")
     ap.add_argument("--parts", default="throughput,cost", help="which parts to run")
+    ap.add_argument(
+        "--kernels",
+        default="stock,cpu",
+        help="stock (PyTorch's), cpu (optimize_for_cpu), or both in that order",
+    )
     args = ap.parse_args()
+    kernels = [k for k in args.kernels.split(",") if k]
+    if not kernels or any(k not in ("stock", "cpu") for k in kernels):
+        ap.error("--kernels takes stock, cpu or stock,cpu")
+    if kernels == ["cpu", "stock"]:
+        ap.error("--kernels: stock must come first (the cpu kernels change the model in place)")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.model)
-    verifier = Verifier(model)
     prompts = [chat_ids(tok, p) for p in PROMPTS]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {model.dtype}")
     parts = args.parts.split(",")
-    if "throughput" in parts:
-        bench_throughput(verifier, prompts, args.max_new, [tok.eos_token_id], args.repeats)
-    if "cost" in parts:
-        sizes = [int(s) for s in args.sizes.split(",")]
-        bench_forward_cost(verifier, tok, args.context, sizes, max(args.repeats, 5))
+    costs = {}
+    for kind in kernels:
+        if kind == "cpu":
+            print(f"-- cpu kernels: {optimize_for_cpu(model)}")
+        else:
+            print("-- stock kernels")
+        verifier = Verifier(model)
+        if "throughput" in parts:
+            bench_throughput(verifier, prompts, args.max_new, [tok.eos_token_id], args.repeats)
+        if "cost" in parts:
+            sizes = [int(s) for s in args.sizes.split(",")]
+            costs[kind] = bench_forward_cost(
+                verifier, tok, args.context, sizes, max(args.repeats, 5)
+            )
+    if len(costs) == 2:
+        print_kernel_ratios(costs)
 
 
 if __name__ == "__main__":

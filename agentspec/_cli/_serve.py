@@ -119,6 +119,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="embedded engine: no Prometheus metrics and no GET /metrics (default on unless "
         "AGENTSPEC_METRICS=0)",
     )
+    parser.add_argument(
+        "--no-cpu-kernels",
+        dest="cpu_kernels",
+        action="store_false",
+        default=None,
+        help="embedded engine: keep the model's stock PyTorch kernels (default: linear layers "
+        "packed for oneDNN and grouped attention heads kept grouped, so a step verifying a "
+        "few draft tokens costs about a plain one)",
+    )
     secrets_source.add_arguments(
         parser,
         "follow the fleet on this Redis (default: $AGENTSPEC_REDIS_URL): "
@@ -162,6 +171,9 @@ def _serve_options() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=argparse.SUPPRESS)
     parser.add_argument(
         "--no-metrics", dest="metrics", action="store_false", default=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--no-cpu-kernels", dest="cpu_kernels", action="store_false", default=argparse.SUPPRESS
     )
     parser.add_argument("--redis", default=argparse.SUPPRESS)
     parser.add_argument("--redis-file", default=argparse.SUPPRESS)

@@ -133,6 +133,7 @@ def _run_embedded(args: argparse.Namespace) -> int:
             max_depth=args.max_depth,
             goodput=getattr(args, "goodput", True),
             metrics=getattr(args, "metrics", None),
+            cpu_kernels=getattr(args, "cpu_kernels", None) is not False,
             ready=_print_ready,
             **vllm_flags,
         )
@@ -169,9 +170,16 @@ def _print_ready(server: Any) -> None:
         else "speculation off"
     )
     names = server.model_names
+    kernels = engine.cpu_kernels
+    cpu = (
+        "stock"
+        if kernels is None
+        else f"{kernels.packed_linears}/{kernels.linears} linear layers oneDNN-packed, "
+        f"attention {kernels.attention}"
+    )
     print(
         f"agentspec serve: ready on {server.base_url} (model {names[0]}; engine embedded; "
-        f"{spec}; max_model_len {engine.max_model_len}; api key "
+        f"{spec}; cpu kernels {cpu}; max_model_len {engine.max_model_len}; api key "
         f"{'required' if server.api_key or server.tenant_keys else 'none'}; metrics "
         f"{server.url + '/metrics' if engine.metrics is not None else 'off'})",
         file=sys.stderr,

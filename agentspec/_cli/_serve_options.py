@@ -20,6 +20,7 @@ _EMBEDDED_ONLY = {
     "request's tenant as it comes (up to --set fleet_max_tenants=N, default 16)",
     "--no-metrics": "the embedded engine's GET /metrics; AGENTSPEC_METRICS=0 turns every "
     "component's metrics off",
+    "--no-cpu-kernels": "the embedded engine's CPU kernels (vLLM brings its own)",
 }
 _VLLM_ONLY = {
     "--set": "settings of the agentspec vLLM plugin; the embedded engine takes "
@@ -42,8 +43,8 @@ def _given(args: argparse.Namespace, flags: Mapping[str, str]) -> list[str]:
             present = bool(getattr(args, "settings", None))
         elif flag == "--no-middleware":
             present = getattr(args, "middleware", None) is False
-        elif flag == "--no-metrics":
-            present = getattr(args, "metrics", None) is False
+        elif flag in ("--no-metrics", "--no-cpu-kernels"):
+            present = getattr(args, flag[5:].replace("-", "_"), None) is False
         else:
             present = getattr(args, flag[2:].replace("-", "_"), None) is not None
         if present:

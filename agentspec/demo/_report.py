@@ -837,6 +837,9 @@ def _time_table(report: DemoReport) -> list[str]:
     lines.extend(row(s) for s in report.stages)
     lines.append("-" * len(head))
     lines.append(row(report.overall))
+    gap = _gap_text(report.overall)
+    if gap:
+        lines.extend(textwrap.wrap(gap, width=100, initial_indent="", subsequent_indent="  "))
     width = max(len(name) for name, _ in TIME_COLUMNS)
     for name, text in TIME_COLUMNS:
         lines.extend(
@@ -848,6 +851,31 @@ def _time_table(report: DemoReport) -> list[str]:
             )
         )
     return lines
+
+
+def _gap_text(s: StageSummary) -> str:
+    """From tokens per step to the wall-clock speedup, in one sentence: what a step
+    cost with speculation on against off, what the verification steps saved, and
+    the share of the engine's time that speculation cannot shorten (prefill)."""
+    a, b = s.time_off, s.time_on
+    if a is None or b is None or s.tokens_per_step is None:
+        return ""
+    ms_off, ms_on = a.ms_per_step, b.ms_per_step
+    if ms_off is None or ms_on is None or not b.verify or not a.verify:
+        return ""
+    engine_on = b.prefill + b.draft + b.verify + b.python
+    engine_off = a.prefill + a.draft + a.verify + a.python
+    if engine_on <= 0 or engine_off <= 0:
+        return ""
+    return (
+        f"from tokens per step to wall clock: {s.tokens_per_step:.2f} tokens per step; a step "
+        f"cost {ms_on / ms_off:.2f}x a plain one ({ms_on:.1f} against {ms_off:.1f} ms), so "
+        f"the verification steps took {a.verify / b.verify:.2f}x less time "
+        f"({a.verify:.1f} s -> {b.verify:.1f} s); drafting took {b.draft:.2f} s; prefill "
+        f"({a.prefill:.1f} s off, {b.prefill:.1f} s on) is "
+        f"{100.0 * b.prefill / engine_on:.0f}% of the engine's time with speculation on, "
+        f"which leaves {engine_off / engine_on:.2f}x for the engine as a whole"
+    )
 
 
 def _label_bars(

@@ -10,6 +10,9 @@
   (`effective_temperature`: tiny temperatures are greedy or clamped, as in vLLM).
 - `as_draft_tree` / `prune_draft_tree`: validate a draft (the latter drops
   tokens outside the vocabulary and what follows them).
+- `optimize_for_cpu`: packs a CPU model's linear layers for oneDNN and keeps
+  grouped attention heads grouped, so verifying a few draft tokens costs about
+  a plain decode step (the `Engine` does it unless ``cpu_kernels=False``).
 - `Engine`: runs requests one at a time with drafts from learned stage shards
   (and shards pushed to it); `EngineServer` / `run_engine_server`: its
   OpenAI-compatible HTTP server (``agentspec serve`` without vLLM).
@@ -19,6 +22,7 @@ the default model.
 """
 
 from agentspec.engine._chat import TextDecoder, render_chat
+from agentspec.engine._cpu_kernels import CpuKernels, optimize_for_cpu
 from agentspec.engine._draft_tree import DraftLike, DraftTree, as_draft_tree, prune_draft_tree
 from agentspec.engine._engine import (
     Completion,
@@ -53,6 +57,7 @@ __all__ = [
     "MIN_TEMPERATURE",
     "SAMPLING_EPS",
     "Completion",
+    "CpuKernels",
     "DraftInput",
     "DraftLike",
     "DraftTree",
@@ -76,6 +81,7 @@ __all__ = [
     "default_threads",
     "effective_temperature",
     "generate_greedy",
+    "optimize_for_cpu",
     "prune_draft_tree",
     "render_chat",
     "run_engine_server",

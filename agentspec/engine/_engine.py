@@ -40,6 +40,7 @@ from agentspec._core.tree import SuffixTree
 from agentspec._push.wire import DEFAULT_MAX_BODY_BYTES
 from agentspec._util.log import get_logger
 from agentspec.engine._chat import TextDecoder, max_token_bytes
+from agentspec.engine._cpu_kernels import CpuKernels, optimize_for_cpu
 from agentspec.engine._draft_tree import prune_draft_tree
 from agentspec.engine._metrics import EngineMetrics
 from agentspec.engine._sampling import SamplingParams
@@ -104,6 +105,11 @@ class EngineOptions:
             prompts never make another's faster.
         metrics: keep Prometheus metrics (`Engine.metrics`, served on the
             server's ``GET /metrics``); default on unless ``AGENTSPEC_METRICS=0``.
+        cpu_kernels: before serving, pack a CPU model's linear layers for oneDNN
+            and keep grouped attention heads grouped
+            (`agentspec.engine.optimize_for_cpu`): a step verifying a few
+            draft tokens then costs about a plain step.  In place, on the
+            model the engine is given; False leaves the model as it is.
 
     Byte budgets accept sizes such as ``"512MiB"`` and are kept as ints.
     """
@@ -123,6 +129,7 @@ class EngineOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES
     metrics: bool = field(default_factory=metrics_enabled)
+    cpu_kernels: bool = True
 
     def __post_init__(self) -> None:
         """Validate the numbers."""
@@ -396,6 +403,10 @@ class Engine:
         self.options = options or EngineOptions()
         self.model = model
         self.tokenizer = tokenizer
+        #: What `optimize_for_cpu` changed (None: ``cpu_kernels`` off).
+        self.cpu_kernels: CpuKernels | None = (
+            optimize_for_cpu(model) if self.options.cpu_kernels else None
+        )
         self.verifier = Verifier(model)
         limit = self.verifier.max_positions
         wanted = self.options.max_model_len

@@ -712,6 +712,7 @@ def run_engine_server(
     goodput: bool = True,
     ready: Callable[[EngineServer], object] | None = None,
     metrics: bool | None = None,
+    cpu_kernels: bool = True,
 ) -> None:
     """Load ``model`` and serve it on ``host:port`` until interrupted (``agentspec serve``).
 
@@ -746,6 +747,8 @@ def run_engine_server(
             it serves (``agentspec serve`` prints its ready line there).
         metrics: serve Prometheus metrics on ``GET /metrics`` (default: on
             unless ``AGENTSPEC_METRICS=0``).
+        cpu_kernels: pack the model's linear layers for oneDNN and keep grouped
+            attention heads grouped (see `EngineOptions`); False: stock kernels.
 
     Raises:
         agentspec.exceptions.ListenError: ``host:port`` cannot be listened on
@@ -781,6 +784,7 @@ def run_engine_server(
         if max_spec_tokens is None
         else DraftParams.confident(max_spec_tokens=max_spec_tokens),
         metrics=metrics_enabled() if metrics is None else metrics,
+        cpu_kernels=cpu_kernels,
         **depth,
         **dict(budgets or {}),
     )

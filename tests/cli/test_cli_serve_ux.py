@@ -85,7 +85,13 @@ def test_embedded_engine_refuses_vllm_only_flags(
 
 @pytest.mark.parametrize(
     "flag",
-    [["--threads", "2"], ["--admin-key", "adm"], ["--fleet-tenants", "a"], ["--no-metrics"]],
+    [
+        ["--threads", "2"],
+        ["--admin-key", "adm"],
+        ["--fleet-tenants", "a"],
+        ["--no-metrics"],
+        ["--no-cpu-kernels"],
+    ],
 )
 def test_vllm_refuses_embedded_only_flags(tmp_path: Path, flag: list[str]) -> None:
     args = serve_args([str(tmp_path), *flag, "--engine", "vllm", "--dry-run"])
@@ -400,7 +406,15 @@ def test_serve_prints_a_ready_line_then_one_access_line_per_request(
     assert url.endswith("/v1")
     assert int(url.rsplit(":", 1)[1].split("/")[0]) > 0  # port 0: the real port is shown
     assert "(model tiny; engine embedded; speculation on: chain drafts of up to 5 tokens" in ready
-    assert "depth 16, goodput control on; max_model_len 128; api key none; metrics " in ready
+    assert "depth 16, goodput control on; cpu kernels " in ready
+    # every linear layer of the tiny Llama packed (the model has 7 per layer, plus the head)
+    packed = ready.split("cpu kernels ", 1)[1].split(" ", 1)[0]
+    assert packed.split("/")[0] == packed.split("/")[1]
+    assert int(packed.split("/")[0]) > 0
+    assert (
+        "linear layers oneDNN-packed, attention agentspec_sdpa; max_model_len 128; api key none; "
+        "metrics "
+    ) in ready
     assert ready.endswith(f"; metrics {url[: -len('/v1')]}/metrics)")
     # listening as soon as the line is printed
     with urllib.request.urlopen(url + "/models", timeout=30) as resp:
@@ -428,11 +442,13 @@ def test_log_level_warning_hides_the_access_log(tiny_model: Path, served: list[S
         [
             *[str(tiny_model), "--engine", "embedded", "--port", "0", "--threads", "1"],
             *["--log-level", "warning", "--served-model-name", "tiny", "--no-metrics"],
+            "--no-cpu-kernels",
         ]
     )
     served.append(srv)
     ready = srv.wait_for(READY)
     assert ready.endswith("; metrics off)")
+    assert "; cpu kernels stock; " in ready
     url = ready.split(READY, 1)[1].split(" ", 1)[0]
     chat(url, max_tokens=2)
     with pytest.raises(urllib.error.HTTPError) as off:

@@ -400,6 +400,16 @@ def test_time_table_says_where_the_time_went(server, tmp_path, capsys):
             )
         assert off["draft"] == 0.0
         assert on["draft"] == pytest.approx(0.001 * on["steps"])
+    # the sentence from tokens per step to wall clock, from the overall numbers
+    off, on = report["overall"]["time_off"], report["overall"]["time_on"]
+    text = out.replace("\n  ", " ")
+    ms_off, ms_on = (1000 * t["verify"] / t["steps"] for t in (off, on))
+    tps = report["overall"]["tokens_per_step"]
+    assert f"from tokens per step to wall clock: {tps:.2f} tokens per step;" in text
+    assert f"a step cost {ms_on / ms_off:.2f}x a plain one" in text
+    assert f"took {off['verify'] / on['verify']:.2f}x less time" in text
+    engine_on = on["prefill"] + on["draft"] + on["verify"] + on["python"]
+    assert f"is {100 * on['prefill'] / engine_on:.0f}% of the engine's time" in text
 
 
 def test_server_without_step_counts(server, tmp_path, capsys):
