@@ -5,12 +5,12 @@ Why.  On a CPU a decode step of a small model streams every weight from memory
 once; verifying ``n`` draft tokens in the same pass should cost little more.
 With stock PyTorch it did not (SmolLM2-135M, 2 cores, 800 tokens of
 context): a plain step took 65 ms and a step verifying 1 to 4 draft tokens
-95 to 140 ms, so a draft that was rejected cost half a step.  Two causes,
+95 to 140 ms, so a rejected draft cost half a step or more.  Two causes,
 both measured with the PyTorch profiler:
 
-* ``nn.Linear`` (MKL ``sgemm``) runs a 2- or 3-row product as 2 or 3
-  matrix-vector products: the 49152 x 576 output layer took 9.7 ms for one row
-  and 32.6 ms for three.
+* ``nn.Linear`` (MKL ``sgemm``) costs about one matrix-vector product per row
+  for 2 or 3 rows: the 49152 x 576 output layer took 9.7 ms for one row and
+  32.6 ms for three.
 * transformers' SDPA attention folds a single query's grouped heads into the
   key/value heads, but for several queries copies the whole key/value cache
   once per query group (``repeat_kv``) in every layer.
@@ -73,15 +73,6 @@ class CpuKernels:
     attention: str
     reason: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {
-            "packed_linears": self.packed_linears,
-            "linears": self.linears,
-            "attention": self.attention,
-            "reason": self.reason,
-        }
-
 
 def _torch() -> Any:
     import torch
@@ -129,10 +120,11 @@ def PackedLinear(linear: Any) -> Any:  # noqa: N802 - a factory standing in for 
         with torch.inference_mode():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
             gen = torch.Generator().manual_seed(0)
-            x = torch.randn((3, weight.shape[1]), generator=gen, dtype=weight.dtype)
+            # shaped as the model calls it: (batch, rows, features)
+            x = torch.randn((1, 3, weight.shape[1]), generator=gen, dtype=weight.dtype)
             want = torch.nn.functional.linear(x, weight, bias)
             got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    except (RuntimeError, AttributeError, NotImplementedError):
+    except (RuntimeError, AttributeError, NotImplementedError, TypeError):
         return None
     if got.shape != want.shape:
         return None

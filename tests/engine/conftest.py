@@ -15,9 +15,8 @@ import pytest
 from prereq import missing, require_module
 
 
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    """The default model (SmolLM2-135M) and its tokenizer, loaded once per test module.
+def load_default_model() -> tuple[Any, Any]:
+    """A fresh load of the default model (SmolLM2-135M) and its tokenizer.
 
     Without torch, transformers or the model's download: a skip, a failure under CI
     (tests/prereq.py).  One torch thread: the test machines' cores are shared, and
@@ -33,6 +32,20 @@ def model_tok() -> tuple[Any, Any]:
     except ModelDownloadError as exc:
         missing(f"cannot download the default model here: {exc}")
     return load_model(path)
+
+
+@pytest.fixture(scope="module")
+def model_tok() -> tuple[Any, Any]:
+    """The default model and its tokenizer, loaded once per test module (an engine
+    started over it packs it for the CPU in place: `agentspec.engine.optimize_for_cpu`)."""
+    return load_default_model()
+
+
+@pytest.fixture(scope="session")
+def load_model_copy() -> Callable[[], tuple[Any, Any]]:
+    """``load()``: a fresh copy of the default model and its tokenizer, for tests that
+    compare the model as loaded with one changed in place."""
+    return load_default_model
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ by side.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,20 +22,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def stock_and_packed() -> tuple[Any, Any, Any, Any]:
+def stock_and_packed(load_model_copy: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any, Any, Any]:
     """``(stock model, packed model, tokenizer, CpuKernels)``: two loads of the default model."""
     torch = require_module("torch")
-    require_module("transformers")
     from agentspec.engine import optimize_for_cpu
-    from agentspec.models import ModelDownloadError, ensure_default_model, load_model
 
-    torch.set_num_threads(1)
-    try:
-        path = ensure_default_model()
-    except ModelDownloadError as exc:
-        missing(f"cannot download the default model here: {exc}")
-    stock, tok = load_model(path)
-    packed, _ = load_model(path)
+    stock, tok = load_model_copy()
+    packed, _ = load_model_copy()
     if not torch.backends.mkldnn.is_available():
         missing("this torch build has no oneDNN (mkldnn)")
     return stock, packed, tok, optimize_for_cpu(packed)
@@ -163,14 +157,13 @@ def test_a_layer_whose_trial_product_disagrees_is_kept():
     assert torch.allclose(model[0](x), good(x), atol=1e-5)
 
 
-def test_the_engine_packs_unless_told_not_to(stock_and_packed):
+def test_the_engine_packs_unless_told_not_to(stock_and_packed, load_model_copy):
     import torch
 
     from agentspec.engine import Engine, EngineOptions
-    from agentspec.models import ensure_default_model, load_model
 
     _, _, tok, kernels = stock_and_packed
-    model, _ = load_model(ensure_default_model())
+    model, _ = load_model_copy()
     engine = Engine(model, tok, EngineOptions(cpu_kernels=False, metrics=False))
     try:
         assert engine.cpu_kernels is None

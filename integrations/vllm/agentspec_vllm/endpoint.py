@@ -97,7 +97,6 @@ __all__ = [
 PLUGIN_NAME = "agentspec"
 #: ``GET``: every worker's statistics.
 STATS_PATH = "/v1/agentspec/stats"
-_PUSH_PATHS = frozenset((SNAPSHOT_PATH, DELTA_PATH, SNAPSHOT_FILE_PATH))
 #: Worker-extension method answering one push-protocol request.
 RPC_HANDLE = "agentspec_handle"
 #: Worker-extension method returning the worker's statistics.
@@ -155,6 +154,8 @@ class ShardForwarder:
             max_depth=config.max_depth,
             max_body_bytes=config.max_body_bytes,
         )
+        if metrics is not None:  # the pushes refused here, before any worker sees them
+            metrics.add_local_pushes(self._checker.push_counts)
 
     @property
     def max_body_bytes(self) -> int:
@@ -187,8 +188,8 @@ class ShardForwarder:
         """
         forwarded: list[bool] = []
         answer = await self._handle(method, path, query, headers, body, forwarded)
-        if self.metrics is not None and not forwarded and path in _PUSH_PATHS:
-            self.metrics.count_local(answer.status)
+        if not forwarded:
+            self._checker.count_push(path, answer.status)  # pushes only
         return answer
 
     async def _handle(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -520,7 +521,9 @@ class WorkerMetrics(MetricsCollector):
         self._label_caps = _Caps()
         self._lock = threading.Lock()
         self.failures = 0
-        self._local_pushes: dict[tuple[str, str], int] = {}
+        # push counts of the API server's own refusals: `ShardIntake.push_counts` of
+        # each forwarder's checking intake (weakly held: a forwarder gone is not read)
+        self._local_sources: list[weakref.WeakMethod[Callable[[], Mapping[Any, int]]]] = []
         self.registry = CollectorRegistry()  # this collector alone (`render_text`)
         self.on_collect(self._families)
 
@@ -537,20 +540,32 @@ class WorkerMetrics(MetricsCollector):
             self._merged = merged
         return merged
 
-    def count_local(self, status: int) -> None:
-        """Count a push the API server answered without forwarding it (a refusal)."""
-        key = ("accepted" if 200 <= status < 300 else "refused", str(status))
+    def add_local_pushes(self, push_counts: Callable[[], Mapping[Any, int]]) -> None:
+        """Also count the pushes ``push_counts`` (a bound method, such as
+        `ShardIntake.push_counts` of the API server's checking intake) reports: the
+        ones the API server answered without forwarding them."""
         with self._lock:
-            self._local_pushes[key] = self._local_pushes.get(key, 0) + 1
+            self._local_sources.append(weakref.WeakMethod(push_counts))
+
+    def _local_pushes(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            sources = [ref() for ref in self._local_sources]
+            self._local_sources = [
+                r for r, f in zip(self._local_sources, sources, strict=True) if f
+            ]
+        total: dict[tuple[str, str], int] = {}
+        for source in sources:
+            if source is not None:
+                for key, n in source().items():
+                    total[key] = total.get(key, 0) + n
+        return total
 
     def caps(self) -> list[LabelCap]:
         """The label caps of every family (for the overflow counter)."""
         return [*super().caps(), *self._label_caps.all()]
 
     def _families(self) -> Iterator[Metric]:
-        with self._lock:
-            local = dict(self._local_pushes)
-        return families(self.merged, self._label_caps, self.failures, local)
+        return families(self.merged, self._label_caps, self.failures, self._local_pushes())
 
     def render_text(self) -> bytes:
         """The exposition text of these families alone."""
