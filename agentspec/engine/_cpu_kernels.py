@@ -17,7 +17,7 @@ both measured with the PyTorch profiler:
 
 `optimize_for_cpu` changes both, in place, on a model that runs on the CPU:
 
-* Every ``nn.Linear`` with float32 weights becomes a `PackedLinear`: its
+* Every ``nn.Linear`` with float32 weights is replaced (`pack_linear`): its
   weight reordered once by oneDNN (``torch.ops.mkldnn._reorder_linear_weight``,
   the prepacked linear PyTorch's own compiler uses when it freezes a model) and
   applied with ``torch.ops.mkldnn._linear_pointwise``.  Its cost is nearly flat
@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ATTENTION_NAME", "CpuKernels", "PackedLinear", "gqa_sdpa_attention", "optimize_for_cpu"]
+__all__ = ["ATTENTION_NAME", "CpuKernels", "gqa_sdpa_attention", "optimize_for_cpu", "pack_linear"]
 
 #: The name the GQA-aware attention is registered under with transformers.
 ATTENTION_NAME = "agentspec_sdpa"
@@ -107,7 +107,7 @@ def _make_packed_linear_class() -> Any:
 _PACKED_CLASS: Any = None
 
 
-def PackedLinear(linear: Any) -> Any:  # noqa: N802 - a factory standing in for a class
+def pack_linear(linear: Any) -> Any:
     """A packed copy of ``linear`` (float32 ``nn.Linear`` on the CPU), or None when
     oneDNN is unavailable or its trial product disagrees with ``F.linear``."""
     global _PACKED_CLASS
@@ -200,7 +200,7 @@ def _replace_linears(model: Any) -> tuple[int, int]:
             if child.weight.device.type != "cpu":
                 continue
             found += 1
-            new = PackedLinear(child)
+            new = pack_linear(child)
             if new is not None:
                 setattr(parent, name, new)
                 packed += 1

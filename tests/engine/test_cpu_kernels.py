@@ -137,7 +137,7 @@ def test_grouped_attention_equals_repeated_keys(stock_and_packed):
 
 def test_a_layer_whose_trial_product_disagrees_is_kept():
     torch = require_module("torch")
-    from agentspec.engine._cpu_kernels import PackedLinear, _replace_linears
+    from agentspec.engine._cpu_kernels import _replace_linears, pack_linear
 
     if not torch.backends.mkldnn.is_available():
         missing("this torch build has no oneDNN (mkldnn)")
@@ -145,7 +145,7 @@ def test_a_layer_whose_trial_product_disagrees_is_kept():
     bad = torch.nn.Linear(64, 32)
     with torch.no_grad():
         bad.weight[3, 5] = float("nan")  # the trial's output is not finite
-    assert PackedLinear(bad) is None
+    assert pack_linear(bad) is None
     wide = torch.nn.Linear(64, 32).double()  # not float32: left alone
     model = torch.nn.Sequential(good, torch.nn.ReLU(), torch.nn.Sequential(bad, wide))
     found, packed = _replace_linears(model)
