@@ -117,8 +117,9 @@ def pack_linear(linear: Any) -> Any:
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
     try:
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference mode: the packed weight outlives it
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+        with torch.inference_mode():
             gen = torch.Generator().manual_seed(0)
             # shaped as the model calls it: (batch, rows, features)
             x = torch.randn((1, 3, weight.shape[1]), generator=gen, dtype=weight.dtype)

@@ -51,6 +51,10 @@ def test_every_linear_layer_is_packed_and_attention_stays_grouped(stock_and_pack
     assert not any(type(m) is torch.nn.Linear for m in packed.modules())
     assert packed.config._attn_implementation == "agentspec_sdpa"
     assert stock.config._attn_implementation == "sdpa"
+    # a plain call, outside inference mode (the packed weights are ordinary tensors)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    want, got = stock(ids).logits.detach(), packed(ids).logits.detach()
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
 
 
 def test_a_second_call_changes_nothing_and_reports_the_packed_layers(stock_and_packed):
