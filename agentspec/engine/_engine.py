@@ -407,6 +407,15 @@ class Engine:
         self.cpu_kernels: CpuKernels | None = (
             optimize_for_cpu(model) if self.options.cpu_kernels else None
         )
+        if self.cpu_kernels is not None:
+            k = self.cpu_kernels
+            (_log.warning if k.reason else _log.debug)(
+                "agentspec.engine.cpu_kernels",
+                packed_linears=k.packed_linears,
+                linears=k.linears,
+                attention=k.attention,
+                reason=k.reason,
+            )
         self.verifier = Verifier(model)
         limit = self.verifier.max_positions
         wanted = self.options.max_model_len
