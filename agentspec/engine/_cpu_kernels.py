@@ -25,7 +25,7 @@ both measured with the PyTorch profiler:
   row, 3.9 ms for three).  A layer is packed only when a trial product on
   random input agrees with ``F.linear`` (relative error below 1e-4), so a
   build without oneDNN, or one whose oneDNN misbehaves, keeps its layers.
-* Attention goes through `gqa_sdpa_attention`, registered with transformers
+* Attention goes through `gqa_sdpa_attention`'s function, registered with transformers
   as ``agentspec_sdpa``: ``F.scaled_dot_product_attention`` with
   ``enable_gqa=True`` whenever a mask is given, which attends each key/value
   head for its whole query group without copying the cache, for one query
@@ -135,54 +135,66 @@ def pack_linear(linear: Any) -> Any:
     return _PACKED_CLASS(packed, bias, int(weight.shape[1]), int(weight.shape[0]))
 
 
-def gqa_sdpa_attention(
-    module: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    attention_mask: Any,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs: Any,
-) -> tuple[Any, None]:
-    """transformers' attention interface: SDPA with grouped key/value heads left
-    grouped (``enable_gqa``) when a mask is given; transformers' own SDPA
-    otherwise (no mask, a position bias, soft-capping)."""
+_GQA_ATTENTION: Any = None
+
+
+def gqa_sdpa_attention() -> Any:
+    """The attention function registered as `ATTENTION_NAME` (transformers' attention
+    interface), built once: SDPA with grouped key/value heads left grouped
+    (``enable_gqa``) when a mask is given; transformers' own SDPA otherwise (no
+    mask, a position bias, soft-capping).  Its imports are resolved here, not on
+    each of its calls (one per layer per step)."""
+    global _GQA_ATTENTION
+    if _GQA_ATTENTION is not None:
+        return _GQA_ATTENTION
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    groups = getattr(module, "num_key_value_groups", 1)
-    if (
-        attention_mask is None
-        or groups <= 1
-        or kwargs.get("position_bias") is not None
-        or kwargs.get("softcap") is not None
-        or kwargs.get("output_attentions", False)
-    ):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+    sdpa = _torch().nn.functional.scaled_dot_product_attention
+
+    def attention(
+        module: Any,
+        query: Any,
+        key: Any,
+        value: Any,
+        attention_mask: Any,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, None]:
+        if (
+            attention_mask is None
+            or getattr(module, "num_key_value_groups", 1) <= 1
+            or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None
+            or kwargs.get("output_attentions", False)
+        ):
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+            )
+        out = sdpa(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=True,
         )
-    torch = _torch()
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=True,
-    )
-    return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous(), None
+
+    _GQA_ATTENTION = attention
+    return attention
 
 
 def _register_attention() -> bool:
-    """Register `gqa_sdpa_attention` (and SDPA's mask) under `ATTENTION_NAME`."""
+    """Register `gqa_sdpa_attention`'s function (and SDPA's mask) under `ATTENTION_NAME`."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:
         return False
-    AttentionInterface.register(ATTENTION_NAME, gqa_sdpa_attention)
+    AttentionInterface.register(ATTENTION_NAME, gqa_sdpa_attention())
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
     return True
 

@@ -130,12 +130,12 @@ def test_grouped_attention_equals_repeated_keys(stock_and_packed):
         mask = torch.zeros((1, 1, q, past + q))
         mask[..., past:] = torch.triu(torch.full((q, q), torch.finfo(torch.float32).min), 1)
         want, _ = sdpa_attention_forward(attn, query, key, value, mask, scaling=dim**-0.5)
-        got, _ = gqa_sdpa_attention(attn, query, key, value, mask, scaling=dim**-0.5)
+        got, _ = gqa_sdpa_attention()(attn, query, key, value, mask, scaling=dim**-0.5)
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-6, rtol=0)
         # no mask: transformers' own path, unchanged
         want, _ = sdpa_attention_forward(attn, query, key, value, None, scaling=dim**-0.5)
-        got, _ = gqa_sdpa_attention(attn, query, key, value, None, scaling=dim**-0.5)
+        got, _ = gqa_sdpa_attention()(attn, query, key, value, None, scaling=dim**-0.5)
         assert torch.equal(got, want)
 
 
