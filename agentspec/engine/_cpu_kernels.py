@@ -229,8 +229,8 @@ def optimize_for_cpu(model: Any) -> CpuKernels:
     """
     reasons: list[str] = []
     torch = _torch()
-    params = list(model.parameters())
-    if params and params[0].device.type != "cpu":
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type != "cpu":
         attention = str(getattr(model.config, "_attn_implementation", "") or "")
         return CpuKernels(0, 0, attention, "not on the CPU")
     if not torch.backends.mkldnn.is_available():
