@@ -201,11 +201,10 @@ def main():
         print(f"stock kernels: outputs identical with speculation off and on: {stock_same}")
         same = same and stock_same
         _, base_tps, _ = line("stock off", summary(stock["stock off"][0]))
-        for name, (rounds, _) in (*stock.items(), ("off", (off_rounds, None))):
+        rows = [(name, rounds) for name, (rounds, _) in stock.items()]
+        for name, rounds in [*rows, ("off", off_rounds), ("goodput", on_rounds)]:
             text, tps, _ = line(name, summary(rounds))
             print(f"{text}   tokens/s x{tps / base_tps:.2f} of stock off")
-        text, tps, _ = line("goodput", summary(on_rounds))
-        print(f"{text}   tokens/s x{tps / base_tps:.2f} of stock off")
     if not same:
         raise SystemExit("outputs differ: speculation was not lossless")
 
